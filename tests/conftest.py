@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny models built from configs, and an isolated bsi cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+@pytest.fixture(autouse=True)
+def _few_threads():
+    """Two cores on CI: keep each test on one thread so parallel work does not thrash."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch):
+    """A private BSI_CACHE (fine-tune cache, tiny-model artefacts) for one test."""
+    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def make_tiny_llama(tied: bool = False, vocab: int = 97, seed: int = 0) -> LlamaForCausalLM:
+    """A 2-layer Llama with random weights (hidden 32), optionally with tied embeddings."""
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        tie_word_embeddings=tied, attn_implementation="eager",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config).eval()
+
+
+def lm_loss(model, batch):
+    """Next-token cross-entropy over all positions (a stand-in task loss for engine tests)."""
+    ids = batch["input_ids"]
+    logits = model(input_ids=ids).logits[:, :-1].float()  # (B, T-1, V)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def token_batches(vocab: int = 97, batch: int = 4, length: int = 16, seed: int = 1):
+    """An endless, seeded stream of random token batches."""
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        yield {"input_ids": torch.randint(0, vocab, (batch, length), generator=generator)}

@@ -1,0 +1,148 @@
+import pytest
+import torch
+from conftest import lm_loss, make_tiny_llama, token_batches
+
+from bsi.config import CompressConfig
+from bsi.engine import Compressor
+from bsi.errors import BSIError
+from bsi.reparam import (
+    compressible_linear_names,
+    compressible_parameters,
+    layer_ranks,
+    model_parameters,
+    to_basis_form,
+)
+from bsi.reports import RoundReport, StepReport
+
+
+def run(compressor):
+    steps, rounds = [], []
+    for report in compressor.run():
+        (rounds if isinstance(report, RoundReport) else steps).append(report)
+    return steps, rounds
+
+
+def test_conversion_is_exact_and_leaves_tied_head_alone():
+    model = make_tiny_llama(tied=True)
+    ids = torch.randint(0, 97, (2, 12))
+    reference = model(input_ids=ids).logits
+    assert "lm_head" not in compressible_linear_names(model)
+    layers = to_basis_form(model, aux_rank=4)
+    assert len(layers) == 14 and "lm_head" not in layers
+    torch.testing.assert_close(model(input_ids=ids).logits, reference, atol=1e-5, rtol=1e-5)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.rsplit(".", 1)[1] in ("sigma", "aux_u", "aux_v") for n in trainable)
+
+
+def test_untied_head_is_compressed():
+    model = make_tiny_llama(tied=False)
+    assert "lm_head" in compressible_linear_names(model)
+
+
+def test_model_without_linear_layers_is_rejected_before_any_change():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4))
+    with pytest.raises(BSIError, match="no nn.Linear"):
+        to_basis_form(model)
+
+
+def test_rounds_follow_schedule_and_shrink_layers():
+    model = make_tiny_llama()
+    config = CompressConfig(keep_ratio=0.5, rounds=3, iters_per_epoch=12, sampling_ratio=0.5, aux_rank=2)
+    compressor = Compressor(model, token_batches(), config, lm_loss)
+    full = layer_ranks(model)
+    steps, rounds = run(compressor)
+    assert len(steps) == 12 and len(rounds) == 3
+    assert [s.stage for s in steps[:4]] == ["train", "train", "profile", "profile"]
+    params = [r.params_compressible for r in rounds]
+    assert params == sorted(params, reverse=True) and params[-1] < rounds[0].compressible_before
+    for r in rounds:
+        for layer in r.layers:
+            assert layer.rank_before - layer.rank_after == layer.pruned.numel()
+            assert set(layer.pruned.tolist()) <= set(layer.pool.tolist())
+            assert layer.sigma.shape == layer.grad.shape == layer.importance.shape == (layer.rank_before,)
+    ranks = layer_ranks(model)
+    assert all(ranks[n] <= full[n] for n in full) and sum(ranks.values()) < sum(full.values())
+    # the physically removed bases are gone from the modules
+    layer = compressor.layers["model.layers.0.mlp.up_proj"]
+    assert layer.U.shape[1] == layer.V.shape[1] == layer.sigma.numel() == ranks["model.layers.0.mlp.up_proj"]
+    assert model_parameters(model) == rounds[-1].params_total
+
+
+@pytest.mark.parametrize("target", [0.6, 0.3])
+def test_target_size_mode_hits_target_within_one_percent(target):
+    model = make_tiny_llama()
+    config = CompressConfig(keep_ratio=None, target_ratio=target, rounds=3, iters_per_epoch=9, sampling_ratio=0.34,
+                            aux_rank=2)
+    _, rounds = run(Compressor(model, token_batches(), config, lm_loss))
+    now, dense = compressible_parameters(model)
+    assert abs(now / dense - target) <= 0.01
+    assert rounds[-1].compressible_ratio == pytest.approx(now / dense)
+
+
+@pytest.mark.parametrize("scope,score", [("layer", "bsi"), ("model", "bsi-grad"), ("model", "basel")])
+def test_same_seed_same_result(scope, score):
+    def once():
+        model = make_tiny_llama()
+        config = CompressConfig(keep_ratio=0.4, rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=1,
+                                probe_scope=scope, score=score)
+        run(Compressor(model, token_batches(), config, lm_loss))
+        return layer_ranks(model)
+
+    assert once() == once()
+
+
+def test_importance_is_what_the_score_says():
+    model = make_tiny_llama()
+    config = CompressConfig(keep_ratio=0.5, rounds=1, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1)
+    _, (report,) = run(Compressor(model, token_batches(), config, lm_loss))
+    for layer in report.layers:
+        expected = -layer.sigma * layer.grad + 0.5 * layer.sigma**2 * layer.hessian
+        torch.testing.assert_close(layer.importance, expected)
+
+
+def test_non_finite_batches_are_skipped_counted_and_capped():
+    model = make_tiny_llama()
+
+    def poisoned(batches, every):
+        for i, batch in enumerate(batches):
+            yield {"input_ids": batch["input_ids"], "poison": i % every == 1}
+
+    def loss(model, batch):
+        value = lm_loss(model, batch)
+        return value * float("nan") if batch["poison"] else value
+
+    config = CompressConfig(keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
+                            max_skipped_batches=10)
+    steps, rounds = run(Compressor(model, poisoned(token_batches(), 4), config, loss))
+    skipped = [s for s in steps if s.skipped]
+    assert len(skipped) == 2 and rounds[-1].skipped_batches == 2
+    for layer in rounds[-1].layers:
+        assert torch.isfinite(layer.importance).all()
+    strict = CompressConfig(keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
+                            max_skipped_batches=1)
+    with pytest.raises(BSIError, match="non-finite"):
+        run(Compressor(make_tiny_llama(), poisoned(token_batches(), 2), strict, loss))
+
+
+def test_training_steps_lower_the_loss_and_only_touch_sigma_and_aux():
+    model = make_tiny_llama()
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if "embed" in n or "norm" in n}
+    batch = next(token_batches())
+    config = CompressConfig(keep_ratio=1.0, rounds=1, iters_per_epoch=30, sampling_ratio=0.05, aux_rank=2, lr=1e-2,
+                            aux_lr=1e-2)
+    compressor = Compressor(model, iter(lambda: batch, None), config, lm_loss)
+    steps, _ = run(compressor)
+    train = [s.loss for s in steps if s.stage == "train"]
+    assert train[-1] < train[0] - 0.05
+    for n, p in model.named_parameters():
+        if n in frozen:
+            assert torch.equal(p.detach(), frozen[n])
+
+
+def test_step_reports_are_typed():
+    model = make_tiny_llama()
+    config = CompressConfig(keep_ratio=0.5, rounds=1, iters_per_epoch=2, sampling_ratio=0.5, aux_rank=0)
+    steps, rounds = run(Compressor(model, token_batches(), config, lm_loss))
+    assert all(isinstance(s, StepReport) and s.total_steps == 2 for s in steps)
+    d = rounds[0].to_dict()
+    assert d["kind"] == "RoundReport" and isinstance(d["layers"][0]["sigma"], list)

@@ -1,0 +1,98 @@
+"""The answer-token loss, greedy generation and task evaluation (on the tiny model)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bsi.data import BatchStream, Example, collate, encode_example
+from bsi.evaluate import Metrics, answer_token_loss, evaluate, generate_answers
+from bsi.models import TINY_MODEL, load_model_and_tokenizer
+from bsi.train import finetune
+
+EXAMPLES = [
+    Example("What is 2 + 3?", "2 + 3 = 5\n#### 5"),
+    Example("What is 4 + 4?", "4 + 4 = 8\n#### 8"),
+    Example("Tom has 7 pens and loses 1. How many are left?", "7 - 1 = 6\n#### 6"),
+    Example("What is 3 x 3?", "3 x 3 = 9\n#### 9"),
+]
+
+
+@pytest.fixture()
+def tiny():
+    return load_model_and_tokenizer(TINY_MODEL)
+
+
+def _batch(tokenizer, examples=EXAMPLES[:2]):
+    return collate([encode_example(tokenizer, e, max_length=128) for e in examples], tokenizer.pad_token_id)
+
+
+def test_answer_token_loss_matches_a_hand_computation(tiny):
+    model, tokenizer = tiny
+    batch = _batch(tokenizer)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    terms = []
+    for row in range(batch["input_ids"].shape[0]):
+        for t in range(1, batch["input_ids"].shape[1]):
+            target = int(batch["labels"][row, t])
+            if target != -100:  # token t is predicted from position t - 1
+                terms.append(-torch.log_softmax(logits[row, t - 1].double(), dim=-1)[target])
+    expected = torch.stack(terms).mean()
+    loss = answer_token_loss(model, batch)
+    assert loss.dtype == torch.float32 and loss.requires_grad
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_answer_token_loss_weights_tokens_and_ignores_padding(tiny):
+    model, tokenizer = tiny
+    encoded = [encode_example(tokenizer, e, max_length=128) for e in EXAMPLES[1:3]]  # different lengths
+    counts = [sum(t != -100 for t in e["labels"]) - 0 for e in encoded]
+    with torch.no_grad():
+        alone = [answer_token_loss(model, collate([e], tokenizer.pad_token_id)).item() for e in encoded]
+        together = answer_token_loss(model, collate(encoded, tokenizer.pad_token_id)).item()
+    weighted = sum(loss * n for loss, n in zip(alone, counts)) / sum(counts)
+    assert together == pytest.approx(weighted, rel=1e-5)
+
+
+def test_answer_token_loss_is_float32_for_a_bfloat16_model():
+    model, tokenizer = load_model_and_tokenizer(TINY_MODEL, dtype=torch.bfloat16)
+    loss = answer_token_loss(model, _batch(tokenizer))
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+
+
+def test_generation_is_batch_independent_and_restores_padding_side(tiny):
+    model, tokenizer = tiny
+    questions = [e.question for e in EXAMPLES]
+    one_by_one = generate_answers(model, tokenizer, questions, max_new_tokens=12, batch_size=1)
+    batched = generate_answers(model, tokenizer, questions, max_new_tokens=12, batch_size=4)
+    assert batched == one_by_one  # left padding does not change what a row generates
+    assert len(batched) == 4 and all(isinstance(a, str) for a in batched)
+    assert tokenizer.padding_side == "right"
+
+
+def test_generation_stops_at_end_of_turn_and_drops_special_tokens(tiny):
+    model, tokenizer = tiny
+    with torch.no_grad():  # make <|im_end|> the only likely token
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[tokenizer.convert_tokens_to_ids("<|im_end|>")] = 1.0
+    assert generate_answers(model, tokenizer, ["What is 2 + 3?"], max_new_tokens=20) == [""]
+
+
+def test_evaluate_after_overfitting_four_examples(tiny):
+    model, tokenizer = tiny
+    before = evaluate(model, tokenizer, EXAMPLES, max_new_tokens=24)
+    stream = BatchStream(EXAMPLES, tokenizer, batch_size=4, max_length=64, seed=0)
+    for _ in finetune(model, stream, steps=120, lr=1e-2, warmup_steps=5):
+        pass
+    model.train()  # evaluate must restore whatever mode it was given
+    after = evaluate(model, tokenizer, EXAMPLES, max_new_tokens=24)
+    assert model.training
+    assert before.accuracy == 0.0 and after.accuracy == 1.0
+    assert after.loss < 0.05 * before.loss
+    assert after.examples == 4
+    assert generate_answers(model, tokenizer, [EXAMPLES[0].question])[0] == EXAMPLES[0].answer
+
+
+def test_metrics_to_dict():
+    assert Metrics(accuracy=0.5, loss=1.25, examples=8).to_dict() == {"accuracy": 0.5, "loss": 1.25, "examples": 8}

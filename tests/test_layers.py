@@ -1,0 +1,77 @@
+import pytest
+import torch
+from torch import nn
+
+from bsi.layers import BasisLinear, LowRankLinear, svd_bases
+
+
+@pytest.mark.parametrize("shape,bias", [((24, 40), True), ((40, 24), False), ((32, 32), True)])
+def test_full_rank_basis_linear_equals_linear(shape, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(shape[1], shape[0], bias=bias)
+    layer = BasisLinear.from_linear(linear, aux_rank=4)
+    x = torch.randn(3, 5, shape[1])
+    assert layer.rank == min(shape)
+    torch.testing.assert_close(layer(x), linear(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layer.dense_weight(), linear.weight.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_svd_bases_sorted_and_reconstruct():
+    w = torch.randn(10, 7)
+    u, s, v = svd_bases(w)
+    assert u.shape == (10, 7) and s.shape == (7,) and v.shape == (7, 7)
+    assert torch.all(s[:-1] >= s[1:])
+    torch.testing.assert_close(u @ torch.diag(s) @ v.T, w, atol=1e-5, rtol=1e-5)
+
+
+def test_keep_removes_bases_and_preserves_kept_outputs():
+    torch.manual_seed(1)
+    linear = nn.Linear(20, 12)
+    layer = BasisLinear.from_linear(linear, aux_rank=0)
+    with torch.no_grad():
+        layer.sigma.mul_(torch.linspace(0.5, 1.5, layer.rank))  # "learned" coefficients
+    keep = torch.tensor([0, 3, 4, 9])
+    expected_w = (layer.U[:, keep] * layer.sigma.detach()[keep]) @ layer.V[:, keep].T
+    x = torch.randn(6, 20)
+    expected = x @ expected_w.T + linear.bias.detach()
+    layer.keep(keep)
+    assert layer.rank == 4 and layer.U.shape == (12, 4) and layer.V.shape == (20, 4)
+    assert layer.basis_ids.tolist() == [0, 3, 4, 9]
+    torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+    layer.keep(torch.tensor([2, 0]))  # positions are relative to the current active set
+    assert layer.basis_ids.tolist() == [0, 4]
+
+
+def test_aux_vectors_start_silent_but_learn():
+    linear = nn.Linear(16, 8, bias=False)
+    layer = BasisLinear.from_linear(linear, aux_rank=3)
+    x = torch.randn(4, 16)
+    layer(x).square().sum().backward()
+    assert layer.aux_u.grad is not None and layer.aux_u.grad.abs().sum() > 0
+    assert torch.count_nonzero(layer.aux_u) == 0
+
+
+def test_sigma_stays_fp32_in_bf16_layer():
+    linear = nn.Linear(16, 8).to(torch.bfloat16)
+    layer = BasisLinear.from_linear(linear, aux_rank=2)
+    assert layer.sigma.dtype == torch.float32 and layer.U.dtype == torch.bfloat16
+    x = torch.randn(2, 16, dtype=torch.bfloat16)
+    y = layer(x)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), linear(x).float(), atol=0.05, rtol=0.05)
+
+
+def test_low_rank_export_matches_basis_layer_and_sizes():
+    torch.manual_seed(2)
+    layer = BasisLinear.from_linear(nn.Linear(30, 20), aux_rank=2)
+    with torch.no_grad():
+        layer.aux_u.normal_()
+    layer.keep(torch.arange(5))
+    low = LowRankLinear.from_basis(layer)
+    x = torch.randn(3, 30)
+    torch.testing.assert_close(low(x), layer(x), atol=1e-5, rtol=1e-5)
+    assert low.rank == 7
+    assert layer.factor_parameters() == 7 * 50 + 20
+    assert layer.stored_parameters() == min(7 * 50 + 20, 30 * 20 + 20)
+    dense = layer.to_linear()
+    torch.testing.assert_close(dense(x), layer(x), atol=1e-5, rtol=1e-5)

