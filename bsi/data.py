@@ -124,7 +124,7 @@ def _give_away(rng: random.Random) -> Example:
 
 def _shopping(rng: random.Random) -> Example:
     # one multiplication: quantity x unit price
-    (name, pron), (one, many) = _person(rng), rng.choice(_PRICED)
+    (name, pron), (_, many) = _person(rng), rng.choice(_PRICED)
     count, price = rng.randint(2, 9), rng.randint(2, 9)
     return Example(
         f"{name} buys {count} {many} for ${price} each. How much money does {pron} spend?",
@@ -134,7 +134,7 @@ def _shopping(rng: random.Random) -> Example:
 
 def _change(rng: random.Random) -> Example:
     # two steps: cost, then change from a payment
-    (name, pron), (one, many) = _person(rng), rng.choice(_PRICED)
+    (name, pron), (_, many) = _person(rng), rng.choice(_PRICED)
     count, price = rng.randint(2, 5), rng.randint(2, 9)
     cost = count * price
     paid = rng.choice([bill for bill in (20, 50, 100) if bill > cost])

@@ -1,0 +1,38 @@
+"""CUDA paths: bf16 weights with fp32 sigma and statistics. Skipped cleanly without a GPU."""
+
+import pytest
+import torch
+from conftest import lm_loss, make_tiny_llama, token_batches
+
+from bsi.config import CompressConfig
+from bsi.engine import Compressor
+from bsi.export import load_compressed, save_compressed
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def cuda_batches():
+    for batch in token_batches():
+        yield {k: v.cuda() for k, v in batch.items()}
+
+
+@pytest.mark.parametrize("scope", ["model", "layer"])
+def test_bf16_compression_on_cuda_keeps_sigma_fp32(tmp_path, scope):
+    model = make_tiny_llama().to("cuda", torch.bfloat16)
+    config = CompressConfig(keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=2,
+                            probe_scope=scope)
+    compressor = Compressor(model, cuda_batches(), config, lm_loss, compute_dtype=torch.bfloat16)
+    assert compressor.eps == 0.1  # bf16 has 7 fraction bits: the rule caps eps at eps_max
+    rounds = [r for r in compressor.run() if type(r).__name__ == "RoundReport"]
+    layer = compressor.layers["model.layers.0.mlp.up_proj"]
+    assert layer.sigma.dtype == torch.float32 and layer.sigma.is_cuda and layer.U.dtype == torch.bfloat16
+    assert rounds[-1].params_compressible < rounds[-1].compressible_before
+    assert all(torch.isfinite(lr.importance).all() for lr in rounds[-1].layers)
+    ids = torch.randint(0, 97, (2, 8), device="cuda")
+    with torch.no_grad():
+        before = model(input_ids=ids).logits.float()
+    save_compressed(model, None, tmp_path / "m")
+    loaded, _ = load_compressed(tmp_path / "m", device="cuda")
+    loaded.set_attn_implementation("eager")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits.float(), before, atol=2e-2, rtol=2e-2)
