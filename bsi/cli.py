@@ -60,7 +60,8 @@ def _add_compress(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gradient-checkpointing", action="store_true", default=None)
     p.add_argument("--trust-remote-code", action="store_true", default=None, help="allow custom model code from the hub")
     p.add_argument("--seed", type=int)
-    p.add_argument("--out", required=True, help="output folder for the compressed model and summary.json")
+    p.add_argument("--out", help="output folder for the compressed model and summary.json (required)")
+    p.add_argument("--resume", metavar="DIR", help="continue the interrupted run whose --out was DIR (other flags ignored)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -102,8 +103,12 @@ def _run_compress(args: argparse.Namespace) -> int:
     from .pipeline import Pipeline
     from .progress import ProgressPrinter
 
-    config = build_config(args)
-    pipeline = Pipeline(config, out_dir=args.out)
+    if args.resume:
+        pipeline = Pipeline.resume(args.resume)
+    elif not args.out:
+        raise BSIError("--out DIR is required (or --resume DIR to continue an interrupted run)")
+    else:
+        pipeline = Pipeline(build_config(args), out_dir=args.out)
     printer = ProgressPrinter(enabled=not args.quiet)
     summary = None
     for report in pipeline.run():

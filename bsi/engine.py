@@ -312,3 +312,51 @@ class Compressor:
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._start
+
+    # ------------------------------------------------------------ checkpoint
+    @property
+    def at_round_boundary(self) -> bool:
+        """True between rounds: no profiling statistics are half-accumulated."""
+        return self._stats is None and self.iteration % self.config.round_length == 0
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Everything needed to continue this run: ``(tensors, plain JSON values)``.
+
+        Only valid between rounds (see :attr:`at_round_boundary`): the layers'
+        current bases, coefficients and auxiliary vectors, the optimizer's
+        moments, the probe generator and the iteration counter.
+        """
+        if not self.at_round_boundary:
+            raise RuntimeError("Compressor state can only be saved between rounds")
+        tensors: dict[str, torch.Tensor] = {"generator": self.generator.get_state()}
+        for n, layer in self.layers.items():
+            for key in ("U", "V", "sigma", "aux_u", "aux_v", "basis_ids"):
+                tensors[f"layer.{n}.{key}"] = getattr(layer, key).detach()
+        optimizer = self.optimizer.state_dict()
+        for index, state in optimizer["state"].items():
+            for key, value in state.items():
+                tensors[f"optimizer.{index}.{key}"] = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(value)
+        plain = {
+            "iteration": self.iteration, "skipped": self.skipped, "eps": self.eps,
+            "dense_before": self.dense_before, "param_groups": optimizer["param_groups"],
+            "config": self.config.to_dict(),
+        }
+        return {k: v.contiguous().cpu() for k, v in tensors.items()}, plain
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], plain: dict) -> None:
+        """Continue from :meth:`state_dict`: the layers are shrunk to the saved ranks."""
+        for n, layer in self.layers.items():
+            get = lambda key: tensors[f"layer.{n}.{key}"].to(self.device)  # noqa: E731
+            layer.U, layer.V, layer.basis_ids = get("U"), get("V"), get("basis_ids")
+            for key in ("sigma", "aux_u", "aux_v"):
+                getattr(layer, key).data = get(key).to(getattr(layer, key).dtype)
+        state: dict[int, dict] = {}
+        for key, value in tensors.items():
+            if key.startswith("optimizer."):
+                _, index, name = key.split(".", 2)
+                state.setdefault(int(index), {})[name] = value
+        self.optimizer.load_state_dict({"state": state, "param_groups": plain["param_groups"]})
+        self.generator.set_state(tensors["generator"])
+        self.iteration, self.skipped = int(plain["iteration"]), int(plain["skipped"])
+        self.eps, self.dense_before = float(plain["eps"]), int(plain["dense_before"])
+        self._stats, self._round_losses = None, []

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .checkpoint import load_checkpoint, save_checkpoint
 from .config import PipelineConfig
 from .data import BatchStream, TaskData, load_task
 from .engine import Compressor
@@ -42,6 +43,14 @@ from .reports import DoneReport, EvalReport, RoundReport, StageReport, StepRepor
 from .train import finetune
 
 Report = StageReport | StepReport | RoundReport | EvalReport | DoneReport
+
+CHECKPOINT = "checkpoint"  # sub-folder of out_dir holding the last complete round
+
+
+def compact_round(report: RoundReport) -> dict[str, Any]:
+    """A round's scalars and per-layer ranks (what ``rounds.jsonl`` records)."""
+    plain = {k: v for k, v in report.to_dict().items() if k != "layers"}
+    return plain | {"ranks": {layer.name: layer.rank_after for layer in report.layers}}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -100,6 +109,23 @@ class Pipeline:
         self.rounds: list[RoundReport] = []
         self.metrics: dict[str, Metrics] = {}
         self.table: dict[str, dict] = {}
+        self.round_log: list[dict[str, Any]] = []  # compact_round of every finished round
+        self.params_before = self.compressible_before = 0
+        self._resume: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
+        self._skipped = 0
+
+    @classmethod
+    def resume(cls, out_dir: str | Path, cache_dir: str | Path | None = None) -> "Pipeline":
+        """A pipeline that continues the interrupted run whose ``--out`` was ``out_dir``.
+
+        The run's own configuration is read back from the checkpoint; stage 1
+        comes from the fine-tune cache (or is recomputed identically), and the
+        pruning rounds continue after the last complete one.
+        """
+        tensors, plain = load_checkpoint(Path(out_dir).expanduser() / CHECKPOINT)
+        pipeline = cls(PipelineConfig.from_dict(plain["pipeline_config"]), out_dir, cache_dir)
+        pipeline._resume = (tensors, plain)
+        return pipeline
 
     # --------------------------------------------------------------- stages
     def load(self) -> None:
@@ -139,9 +165,10 @@ class Pipeline:
         yield StageReport("finetune", "start", f"{cfg.finetune.steps} steps")
         for p in self.model.parameters():
             p.requires_grad_(True)
-        yield from finetune(self.model, self.stream(1), steps=cfg.finetune.steps, lr=cfg.finetune.lr,
-                            stage="finetune", weight_decay=cfg.finetune.weight_decay,
-                            max_grad_norm=cfg.finetune.max_grad_norm, warmup_steps=cfg.finetune.warmup_steps)
+        yield from self._limit_skips(finetune(
+            self.model, self.stream(1), steps=cfg.finetune.steps, lr=cfg.finetune.lr, stage="finetune",
+            weight_decay=cfg.finetune.weight_decay, max_grad_norm=cfg.finetune.max_grad_norm,
+            warmup_steps=cfg.finetune.warmup_steps))
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=folder.parent))
         try:
@@ -153,12 +180,45 @@ class Pipeline:
         yield StageReport("finetune", "end", str(folder))
 
     def compress(self) -> Iterator[Report]:
-        """Stage 2: the pruning rounds. Override to plug in another method."""
-        compressor = Compressor(self.model, self.stream(2), self.config.compress, answer_token_loss,
+        """Stage 2: the pruning rounds, checkpointed after each. Override to plug in another method."""
+        stream = self.stream(2)
+        compressor = Compressor(self.model, stream, self.config.compress, answer_token_loss,
                                 compute_dtype=self.dtype)
-        for report in compressor.run():
+        if self._resume is not None:
+            tensors, plain = self._resume
+            compressor.load_state_dict(tensors, plain["compressor"])
+            stream.load_state_dict(plain["stream"])
+            yield StageReport("compress", "resume", f"after round {len(self.round_log)}")
+        for report in self._limit_skips(compressor.run()):
             if isinstance(report, RoundReport):
                 self.rounds.append(report)
+                self.round_log.append(compact_round(report))
+                self.checkpoint(compressor, stream)
+            yield report
+
+    def checkpoint(self, compressor: Compressor, stream: BatchStream) -> None:
+        """Save the state after a complete round into ``out_dir/checkpoint`` (atomic)."""
+        if self.out_dir is None:
+            return
+        tensors, compressor_plain = compressor.state_dict()
+        save_checkpoint(self.out_dir / CHECKPOINT, tensors, {
+            "pipeline_config": self.config.to_dict(), "compressor": compressor_plain,
+            "stream": stream.state_dict(), "rounds": self.round_log,
+            "params_before": self.params_before, "compressible_before": self.compressible_before,
+            "metrics": {k: m.to_dict() for k, m in self.metrics.items()},
+        })
+
+    def _limit_skips(self, reports: Iterator[Report]) -> Iterator[Report]:
+        """Count skipped (non-finite) steps of stages 1 and 3; stop with a clear error past the limit."""
+        limit = self.config.compress.max_skipped_batches
+        for report in reports:
+            if isinstance(report, StepReport) and report.skipped and report.stage in ("finetune", "recover"):
+                self._skipped += 1
+                if self._skipped > limit:
+                    raise BSIError(
+                        f"{self._skipped} {report.stage} batches gave a non-finite loss or gradient (limit "
+                        f"max_skipped_batches={limit}); lower the learning rate or check the data/model dtype"
+                    )
             yield report
 
     def recover_stage(self) -> Iterator[Report]:
@@ -170,9 +230,9 @@ class Pipeline:
         yield StageReport("recover", "start", f"{cfg.steps} steps")
         params = [p for layer in basis_layers(self.model).values()
                   for p in (layer.sigma, layer.aux_u, layer.aux_v) if p.numel()]
-        yield from finetune(self.model, self.stream(3), steps=cfg.steps, lr=cfg.lr, stage="recover",
-                            parameters=params, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
-                            warmup_steps=cfg.warmup_steps)
+        yield from self._limit_skips(finetune(
+            self.model, self.stream(3), steps=cfg.steps, lr=cfg.lr, stage="recover", parameters=params,
+            weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_steps))
         yield StageReport("recover", "end")
 
     def evaluate_stage(self, when: str) -> Iterator[Report]:
@@ -198,9 +258,16 @@ class Pipeline:
         self.load()
         yield StageReport("load", "end")
         yield from self.finetune_stage()
-        params_before = model_parameters(self.model)
-        compressible_before, _ = compressible_parameters(self.model)
-        yield from self.evaluate_stage("finetuned")
+        if self._resume is None:
+            self.params_before = model_parameters(self.model)
+            self.compressible_before, _ = compressible_parameters(self.model)
+            yield from self.evaluate_stage("finetuned")
+        else:
+            plain = self._resume[1]
+            self.params_before, self.compressible_before = plain["params_before"], plain["compressible_before"]
+            self.metrics = {k: Metrics(**m) for k, m in plain["metrics"].items()}
+            self.round_log = list(plain["rounds"])
+        params_before, compressible_before = self.params_before, self.compressible_before
         yield StageReport("compress", "start", self.method_name)
         yield from self.compress()
         yield StageReport("compress", "end")
@@ -223,7 +290,7 @@ class Pipeline:
             "compressible_ratio_of": "parameters of the compressed linear layers after / before",
             "metrics_before": self.metrics["finetuned"].to_dict() if "finetuned" in self.metrics else None,
             "metrics_after": self.metrics["recovered"].to_dict() if "recovered" in self.metrics else None,
-            "eps": self.rounds[-1].eps if self.rounds else None,
+            "eps": self.round_log[-1]["eps"] if self.round_log else None,
             "ranks": {name: spec["rank"] for name, spec in self.table.items()},
             "seconds": time.perf_counter() - start,
             "device": str(self.device),
@@ -248,7 +315,5 @@ class Pipeline:
                 "method": self.method_name, "source_model": self.config.model,
                 "params_total": summary["params_after"], "settings": self.config.to_dict(),
             }, table=self.table)
-            rounds = [{k: v for k, v in r.to_dict().items() if k != "layers"}
-                      | {"ranks": {layer.name: layer.rank_after for layer in r.layers}} for r in self.rounds]
-            (tmp / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds), encoding="utf-8")
+            (tmp / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.round_log), encoding="utf-8")
             atomic_write_json(tmp / "summary.json", summary)

@@ -1,0 +1,57 @@
+"""Round checkpoints: a run that crashes resumes from its last complete round.
+
+A checkpoint is a folder with ``state.safetensors`` (tensors) and
+``state.json`` (plain values). It is written to a temporary sibling and
+renamed over the previous one, so a crash while saving leaves the previous
+checkpoint intact; nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .errors import BSIError
+from .files import atomic_write_json
+
+TENSORS = "state.safetensors"
+PLAIN = "state.json"
+
+
+def save_checkpoint(folder: str | Path, tensors: dict[str, torch.Tensor], plain: dict) -> None:
+    """Write (or atomically replace) the checkpoint ``folder``."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        save_file(tensors, str(tmp / TENSORS))
+        atomic_write_json(tmp / PLAIN, plain)
+        old = folder.parent / f".{folder.name}.old"
+        if folder.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_checkpoint(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Read a checkpoint written by :func:`save_checkpoint`."""
+    folder = Path(folder)
+    if not (folder / PLAIN).is_file() or not (folder / TENSORS).is_file():
+        raise BSIError(f"no checkpoint in '{folder}': nothing to resume (was the run started with this --out?)")
+    try:
+        plain = json.loads((folder / PLAIN).read_text(encoding="utf-8"))
+        tensors = load_file(str(folder / TENSORS))
+    except (json.JSONDecodeError, UnicodeDecodeError, SafetensorError, OSError) as err:
+        raise BSIError(f"checkpoint in '{folder}' is damaged ({err}); start the run again") from None
+    return tensors, plain
