@@ -261,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``bsi`` command; returns the exit status."""
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress bars only; errors come as one line
+    hf_logging.set_verbosity_error()
     parser = build_parser()
     args = parser.parse_args(argv)
     module = COMMANDS[args.command][0]

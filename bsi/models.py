@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -372,6 +373,15 @@ def _load_folder(
         raise BSIError(f"model folder '{path}' does not hold a causal language model ({_first_line(err)})") from err
     except OSError as err:
         raise BSIError(f"model folder '{path}' could not be loaded ({_first_line(err)})") from err
+    except SafetensorError as err:
+        raise BSIError(
+            f"model folder '{path}' has broken weights, truncated or corrupted ({_first_line(err)}); save it again"
+        ) from err
+    except RuntimeError as err:  # transformers' report of tensors whose shapes differ from config.json
+        raise BSIError(
+            f"model folder '{path}' is broken: its weights' shapes do not match its config.json; "
+            "save the model and its config together again"
+        ) from err
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as err:

@@ -48,47 +48,6 @@ def test_compress_eval_chat_end_to_end(tmp_path):
     assert "bot>" in chatted.stdout
 
 
-def bad_jsonl(tmp_path, text, name="bad.jsonl"):
-    path = tmp_path / name
-    path.write_text(text)
-    return str(path)
-
-
-BAD_INPUTS = [
-    (["--keep-ratio", "0"], "keep_ratio must be in (0, 1]"),
-    (["--keep-ratio", "1.5"], "keep_ratio must be in (0, 1]"),
-    (["--target-ratio", "0"], "target_ratio must be in (0, 1]"),
-    (["--eps", "0"], "eps must be in (0, 1)"),
-    (["--eps", "1.2"], "eps must be in (0, 1)"),
-    (["--rounds", "0"], "rounds must be an integer >= 1"),
-    (["--score", "magnitude"], "score must be one of"),
-    (["--model", "./no/such/model"], "does not exist"),
-    (["--data", "./no/such/data.jsonl"], "does not exist"),
-    (["--data", "{empty}"], "no examples"),
-    (["--data", "{nofield}"], "question"),
-    (["--out", "{file}"], "is a file"),
-]
-
-
-@pytest.mark.parametrize("extra,message", BAD_INPUTS)
-def test_bad_inputs_give_one_clear_line_and_write_nothing(tmp_path, capsys, monkeypatch, extra, message):
-    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
-    files = {
-        "{empty}": bad_jsonl(tmp_path, "", name="empty.jsonl"),
-        "{nofield}": bad_jsonl(tmp_path, '{"prompt": "1+1?", "answer": "#### 2"}\n' * 20),
-        "{file}": bad_jsonl(tmp_path, "not a folder", name="file.txt"),
-    }
-    extra = [files.get(a, a) for a in extra]
-    out = str(tmp_path / "out")
-    args = ["compress", *SMOKE, *(["--out", out] if "--out" not in extra else []), *extra]
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
-    assert not os.path.exists(out)
-    if "--out" in extra:
-        assert open(files["{file}"]).read() == "not a folder"
-
-
 def test_model_folder_without_linear_layers(tmp_path, capsys, monkeypatch):
     from transformers import GPT2Config, GPT2LMHeadModel
 
