@@ -265,9 +265,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "batch_size": 8,
         "max_length": 192,
         "max_new_tokens": 64,
-        "finetune": {"steps": 120, "lr": 2e-4, "warmup_steps": 10},
-        "compress": {"rounds": 4, "iters_per_epoch": 48, "sampling_ratio": 0.25, "keep_ratio": 0.6},
-        "recover": {"steps": 40, "lr": 5e-4, "warmup_steps": 4},
+        "finetune": {"steps": 60, "lr": 2e-4, "warmup_steps": 6},
+        "compress": {"rounds": 4, "iters_per_epoch": 32, "sampling_ratio": 0.25, "keep_ratio": 0.6},
+        "recover": {"steps": 24, "lr": 5e-4, "warmup_steps": 3},
     },
     # The paper's scale (GPU): long schedules, many profiling batches.
     "paper": {

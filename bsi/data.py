@@ -480,7 +480,8 @@ def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_len
     ``input_ids`` is prompt + answer + end-of-turn token. ``labels`` repeats
     the ids but holds -100 on the prompt, so the loss only asks the model to
     produce the answer and to stop afterwards. The answer is tokenized
-    separately from the prompt, exactly as generation will see it.
+    separately from the prompt, exactly as generation will see it (in the
+    plain format, after a space: ``"Answer: 42"``).
 
     Longer than ``max_length``: the end is cut off, but at least a quarter of
     ``max_length`` (or the whole answer, if shorter) stays answer tokens, the
@@ -489,7 +490,8 @@ def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_len
     if max_length < 2:
         raise BSIError(f"max_length must be at least 2, got {max_length}")
     prompt = encode_prompt(tokenizer, example.question)
-    answer = tokenizer.encode(example.answer + end_of_turn_text(tokenizer), add_special_tokens=False)
+    separator = "" if tokenizer.chat_template else " "  # "Answer:" + " 42", as text would read
+    answer = tokenizer.encode(separator + example.answer + end_of_turn_text(tokenizer), add_special_tokens=False)
     min_answer = min(len(answer), max(1, max_length // 4))
     answer_keep = min(len(answer), max(max_length - len(prompt), min_answer))
     prompt_keep = max_length - answer_keep

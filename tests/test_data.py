@@ -189,6 +189,16 @@ def test_build_prompt_without_a_chat_template():
     assert end_of_turn_text(plain) == plain.eos_token
 
 
+def test_encode_example_in_the_plain_format_ends_with_eos():
+    plain = build_tiny_tokenizer()
+    plain.chat_template = None
+    encoded = encode_example(plain, Example("What is 2 + 3?", "#### 5"), max_length=128)
+    answered = [t for t in encoded["labels"] if t != IGNORE_INDEX]
+    assert plain.decode(encoded["input_ids"]) == "Question: What is 2 + 3?\nAnswer: #### 5" + plain.eos_token
+    assert plain.decode(answered) == " #### 5" + plain.eos_token
+    assert answered[-1] == plain.eos_token_id
+
+
 def test_end_of_turn_is_read_from_the_template(tokenizer):
     assert end_of_turn_text(tokenizer) == "<|im_end|>"
 
