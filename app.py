@@ -1,0 +1,45 @@
+"""The live compression studio: ``python app.py`` (or ``make app``), then open the printed address.
+
+Tabs: Compress (run BSI and watch each step and round), Inspect (every
+basis' sigma, gradient and Hessian terms and importance), Spectra (exact
+Hessian spectrum of a layer, power-law fit, probes-needed calculator), Chat
+(the compressed model next to the original) and Compare (a sweep's accuracy
+against size). The app binds 127.0.0.1 and shares nothing publicly unless
+``--share`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
+    parser.add_argument("--preset", default="default", help="preset the form starts from: default (embedded model) or smoke (tiny model)")
+    parser.add_argument("--sweep-dir", default="runs/sweep", help="folder the Compare tab proposes")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from bsi.app import build_app
+    from bsi.app.compress import MAX_UPLOAD_BYTES
+
+    demo = build_app(preset=args.preset, sweep_dir=args.sweep_dir)
+    demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share,
+                        max_file_size=MAX_UPLOAD_BYTES)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""The dashboard's logic: one module per tab, plot builders, per-session state.
+
+Everything here is importable and testable without a server: each tab module
+holds plain handler functions (inputs in, values or generators of values out)
+and a ``render(...)`` function that lays the tab's components out and wires
+them to those handlers. ``app.py`` at the repository root composes the tabs
+with :func:`bsi.app.build_app` and launches only under ``__main__``.
+
+Gradio is imported lazily (inside ``render`` and ``build_app``), so the
+handlers and :mod:`bsi.app.plots` work with only the core dependencies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def build_app(**kwargs: Any):
+    """The Gradio Blocks app (see :func:`bsi.app.layout.build_app` for the arguments)."""
+    from .layout import build_app as _build
+
+    return _build(**kwargs)
+
+
+__all__ = ["build_app"]

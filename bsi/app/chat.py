@@ -1,0 +1,145 @@
+"""Chat tab: the compressed model and the original side by side, streaming.
+
+Both models answer the same message greedily (so a difference comes from the
+weights, not from sampling). Their replies stream at once: the two
+:meth:`bsi.chat.ChatSession.stream_reply` generators, each generating in its
+own thread, are read in turn, and every new piece updates both panels.
+
+The models come from the session: the last finished run of the Compress tab
+(the original being the dense model just before compression, i.e. after the
+task fine-tune), or a compressed folder loaded here (the original then being
+the source model named in its ``bsi_config.json``). Chat takes no part in
+the server's job board, so it works whether or not a compression is running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..chat import ChatSession
+from ..errors import BSIError
+from ..export import read_meta
+from ..reparam import model_parameters
+from .state import LoadedModel, Session
+
+SIDES = ("compressed", "original")
+EMPTY_REPLY = "(no text: the model ended its turn at once or produced only special tokens)"
+
+
+def sizes_text(session: Session) -> str:
+    """Which models are loaded and how large each is."""
+    if session.compressed is None:
+        return "No compressed model yet: run a compression (Compress tab) or load a saved folder below."
+    parts = [f"**compressed**: {session.compressed.params:,} parameters"]
+    if session.original is not None:
+        ratio = session.original.params / max(session.compressed.params, 1)
+        parts.append(f"**{session.original.label}**: {session.original.params:,} parameters ({ratio:.2f}x larger)")
+    return " · ".join(parts)
+
+
+def load_folder(session: Session, folder: str) -> str:
+    """Load a compressed folder (``bsi compress --out``) and its source model into the session."""
+    from ..models import load_model_and_tokenizer
+
+    folder = (folder or "").strip()
+    if not folder:
+        raise BSIError("type the folder of a compressed model (what `bsi compress --out` wrote)")
+    path = Path(folder).expanduser()
+    meta = read_meta(path)
+    model, tokenizer = load_model_and_tokenizer(str(path))
+    session.compressed = LoadedModel(model, tokenizer, "compressed", model_parameters(model))
+    source = meta.get("source_model")
+    session.original = None
+    if source:
+        original, original_tok = load_model_and_tokenizer(source)
+        session.original = LoadedModel(original, original_tok, f"original ({source}, not fine-tuned)",
+                                       model_parameters(original))
+    session.chats = {}
+    return sizes_text(session)
+
+
+def _history(chat: ChatSession | None, pending: tuple[str, str] | None = None) -> list[dict]:
+    messages = [dict(m) for m in chat.history] if chat is not None else []
+    for m in messages:
+        if m["role"] == "assistant" and not m["content"]:
+            m["content"] = EMPTY_REPLY
+    if pending is not None:
+        messages += [{"role": "user", "content": pending[0]}, {"role": "assistant", "content": pending[1]}]
+    return messages
+
+
+def respond(session: Session, message: str, max_new_tokens: int = 64) -> Iterator[tuple[list[dict], list[dict]]]:
+    """Stream both replies to ``message``; yields ``(compressed history, original history)``.
+
+    Raises BSIError when no model is loaded or the message is empty.
+    """
+    if session.compressed is None:
+        raise BSIError("no compressed model yet: run a compression first, or load a saved folder")
+    if not message or not message.strip():
+        raise BSIError("empty message: type something to send")
+    loaded = {"compressed": session.compressed, "original": session.original}
+    for side, model in loaded.items():
+        chat = session.chats.get(side)
+        if model is not None and (chat is None or chat.model is not model.model):
+            session.chats[side] = ChatSession(model.model, model.tokenizer, max_new_tokens=int(max_new_tokens))
+        if model is not None:
+            session.chats[side].max_new_tokens = int(max_new_tokens)
+    streams = {side: session.chats[side].stream_reply(message) for side in SIDES if side in session.chats}
+    replies = {side: "" for side in streams}
+    while streams:
+        for side in list(streams):
+            try:
+                replies[side] += next(streams[side])
+            except StopIteration:
+                del streams[side]
+        yield tuple(_history(session.chats.get(side), (message, replies[side]) if side in streams else None)
+                    for side in SIDES)  # type: ignore[misc]
+    yield tuple(_history(session.chats.get(side)) for side in SIDES)  # type: ignore[misc]
+
+
+def clear(session: Session) -> tuple[list, list]:
+    """Forget both conversations (the models stay loaded)."""
+    session.chats = {}
+    return [], []
+
+
+def render(session_state):
+    """Lay out the Chat tab and wire it; returns the sizes line (refreshed when a job ends)."""
+    import gradio as gr
+
+    sizes = gr.Markdown(elem_id="chat-sizes")
+    with gr.Row():
+        left = gr.Chatbot(label="Compressed model", height=380, elem_id="chat-compressed")
+        right = gr.Chatbot(label="Original model", height=380, elem_id="chat-original")
+    with gr.Row():
+        message = gr.Textbox(placeholder="Ask both models, e.g. 'Amy has 12 apples and buys 7 more. How many now?'",
+                             show_label=False, scale=5, elem_id="chat-input")
+        send = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
+    with gr.Row():
+        max_tokens = gr.Slider(8, 256, value=64, step=8, label="max new tokens")
+        clear_button = gr.Button("Clear", size="sm")
+    with gr.Accordion("Load a saved compressed model", open=False):
+        folder = gr.Textbox(label="Folder written by `bsi compress --out` or the app's 'Save to folder'")
+        load_button = gr.Button("Load", size="sm")
+
+    def on_send(session, text, tokens):
+        try:
+            for histories in respond(session, text, tokens):
+                yield histories[0], histories[1], sizes_text(session)
+        except BSIError as err:
+            yield gr.skip(), gr.skip(), f"**Error:** {err}"
+
+    def on_load(session, path):
+        try:
+            return load_folder(session, path), [], []
+        except BSIError as err:
+            return f"**Error:** {err}", gr.skip(), gr.skip()
+
+    send.click(on_send, [session_state, message, max_tokens], [left, right, sizes], concurrency_limit=4,
+               api_name="chat").then(lambda: "", None, message)
+    message.submit(on_send, [session_state, message, max_tokens], [left, right, sizes], concurrency_limit=4
+                   ).then(lambda: "", None, message)
+    clear_button.click(clear, session_state, [left, right])
+    load_button.click(on_load, [session_state, folder], [sizes, left, right], concurrency_limit=1)
+    return sizes

@@ -1,0 +1,97 @@
+"""Compare tab: a sweep's results, accuracy against size.
+
+A sweep writes ``DIR/results.jsonl``, one JSON object per finished run with
+at least ``method``, ``target``, ``params_total``, ``accuracy`` (in [0, 1])
+and ``loss``; other fields are kept and ignored. :func:`load_results` reads
+and checks it (a bad line is named), the table and figure come from the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import BSIError
+
+REQUIRED = ("method", "target", "params_total", "accuracy", "loss")
+COLUMNS = ["method", "target", "params_total", "accuracy", "loss"]
+
+
+def results_path(spec: str) -> Path:
+    """``DIR/results.jsonl`` for a folder, or the file itself."""
+    path = Path((spec or "").strip()).expanduser()
+    if not str(spec or "").strip():
+        raise BSIError("type the folder of a sweep (it holds results.jsonl)")
+    if path.is_dir():
+        path = path / "results.jsonl"
+    if not path.is_file():
+        raise BSIError(f"'{path}' does not exist: give a sweep folder holding results.jsonl")
+    return path
+
+
+def load_results(spec: str) -> list[dict]:
+    """The rows of a sweep's results.jsonl, checked; raises BSIError naming a bad line."""
+    path = results_path(spec)
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise BSIError(f"{path}, line {number}: malformed JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise BSIError(f"{path}, line {number}: expected a JSON object")
+        missing = [k for k in REQUIRED if k not in row]
+        if missing:
+            raise BSIError(f"{path}, line {number}: missing field(s) {', '.join(missing)}")
+        if not isinstance(row["params_total"], (int, float)) or not isinstance(row["accuracy"], (int, float)):
+            raise BSIError(f"{path}, line {number}: params_total and accuracy must be numbers")
+        rows.append(row)
+    if not rows:
+        raise BSIError(f"{path} holds no results yet")
+    return rows
+
+
+def table(rows: Sequence[dict]) -> list[list]:
+    """Rows sorted by method then size, as lists in :data:`COLUMNS` order."""
+    ordered = sorted(rows, key=lambda r: (str(r["method"]), -r["params_total"]))
+    out = []
+    for r in ordered:
+        loss = r["loss"] if isinstance(r["loss"], (int, float)) and math.isfinite(r["loss"]) else None
+        out.append([r["method"], r["target"], int(r["params_total"]), round(100 * r["accuracy"], 2), loss])
+    return out
+
+
+def view(spec: str):
+    """(status, figure, table) for a sweep folder."""
+    from . import plots
+
+    rows = load_results(spec)
+    methods = sorted({str(r["method"]) for r in rows})
+    return f"{len(rows)} runs, methods: {', '.join(methods)}", plots.compare_figure(rows), table(rows)
+
+
+def render(default_dir: str = "runs/sweep"):
+    """Lay out the Compare tab."""
+    import gradio as gr
+
+    from . import plots
+
+    with gr.Row():
+        folder = gr.Textbox(value=default_dir, label="Sweep folder (holds results.jsonl)", scale=4)
+        load = gr.Button("Load", variant="primary", scale=1)
+    status = gr.Markdown()
+    figure = gr.Plot(plots.compare_figure([]), label="Accuracy vs size")
+    frame = gr.Dataframe(headers=["method", "target", "params_total", "accuracy (%)", "loss"], value=[],
+                         interactive=False, label="Runs")
+
+    def on_load(spec):
+        try:
+            return view(spec)
+        except BSIError as err:
+            return f"**Error:** {err}", gr.skip(), gr.skip()
+
+    load.click(on_load, folder, [status, figure, frame])

@@ -1,0 +1,53 @@
+"""Compose the tabs into one Gradio app.
+
+:func:`build_app` makes everything one server needs: the
+:class:`~bsi.app.state.JobBoard` (one compression at a time), a ``gr.State``
+holding a fresh :class:`~bsi.app.state.Session` per visitor, and the five
+tabs. Nothing here runs at import; ``app.py`` launches the result.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import chat, compare, compress, inspect, spectra
+from .compress import Form
+from .state import JobBoard, Session
+
+TITLE = "bsi: live compression studio"
+
+
+def build_app(preset: str = "default", sweep_dir: str = "runs/sweep", board: JobBoard | None = None):
+    """The dashboard as a ``gr.Blocks`` (not launched).
+
+    Args:
+        preset: the preset the Compress form starts from (``default``: the
+            embedded model; ``smoke``: the tiny random model, seconds — what
+            the tests use, so a first click on Start finishes quickly).
+        sweep_dir: the folder the Compare tab proposes.
+        board: the job board to share (a new one by default: one per server).
+    """
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    import gradio as gr
+
+    board = board or JobBoard()
+    defaults = Form.for_preset(preset)
+    with gr.Blocks(title=TITLE) as demo:
+        gr.Markdown(f"## {TITLE}\nCompress a causal LM with Basis Selection with Importance, watch every round, "
+                    "inspect each basis' importance, and chat with the result next to the original.")
+        session_state = gr.State(Session())
+        with gr.Tabs():
+            with gr.Tab("Compress", id="compress"):
+                tab = compress.render(board, session_state, defaults)
+            with gr.Tab("Inspect", id="inspect"):
+                tab.connect(*inspect.render(session_state))
+            with gr.Tab("Spectra", id="spectra"):
+                spectra.render(session_state, tab.form)
+            with gr.Tab("Chat", id="chat") as chat_tab:
+                sizes = chat.render(session_state)
+            with gr.Tab("Compare", id="compare"):
+                compare.render(sweep_dir)
+        chat_tab.select(chat.sizes_text, session_state, sizes)
+    demo.board = board  # for tests and for app.py's status line
+    return demo

@@ -1,0 +1,83 @@
+"""The dashboard in a real headless browser (Debian's chromium, driven by playwright).
+
+Opens the app built on the smoke preset, clicks Start with nothing changed,
+waits for two rounds, opens Inspect and Chat and checks what they show.
+Screenshots go to ``artifacts/`` (git-ignored) as test artifacts:
+
+* ``compress-running.png``: the Compress tab after round 2/2 streamed in;
+* ``compress-done.png``: the finished run (loss curve, parameters, rank heatmap, log);
+* ``inspect.png``: round 2 of the first layer, figure and sortable table;
+* ``chat.png``: both models' replies side by side with their sizes.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+
+
+@pytest.fixture
+def app_url(tmp_path, monkeypatch):
+    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    from bsi.app import build_app
+
+    demo = build_app(preset="smoke")
+    demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
+    try:
+        yield demo.local_url
+    finally:
+        demo.close()
+
+
+@pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="chromium missing: run `make chromium` (apt-get, as root)")
+def test_browser_start_inspect_chat(app_url):
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(app_url)
+            expect(page.locator("#job-status")).to_contain_text("press Start")
+            page.locator("#start-button").click()
+            status = page.locator("#job-status")
+            expect(status).to_contain_text("round 1/2", timeout=120_000)
+            expect(status).to_contain_text("round 2/2", timeout=120_000)
+            page.screenshot(path=str(ARTIFACTS / "compress-running.png"), full_page=True)
+            expect(status).to_contain_text("Done", timeout=120_000)
+            expect(page.locator("#job-log textarea")).to_have_value(re.compile(r"round 2/2: pruned \d+ bases"))
+            page.screenshot(path=str(ARTIFACTS / "compress-done.png"), full_page=True)
+
+            page.get_by_role("tab", name="Inspect").click()
+            summary = page.locator("#inspect-summary")
+            expect(summary).to_contain_text("model.layers.0.self_attn.q_proj", timeout=30_000)
+            expect(summary).to_contain_text("candidate pool")
+            table = page.locator("#inspect-table")
+            expect(table).to_contain_text("importance")
+            expect(table).to_contain_text("pruned")
+            expect(table).to_contain_text("protected")
+            page.screenshot(path=str(ARTIFACTS / "inspect.png"), full_page=True)
+
+            page.get_by_role("tab", name="Chat").click()
+            expect(page.locator("#chat-sizes")).to_contain_text("compressed", timeout=10_000)
+            page.locator("#chat-input textarea").fill("Amy has 12 apples and buys 7 more. How many now?")
+            page.locator("#chat-send").click()
+            for side in ("#chat-compressed", "#chat-original"):
+                expect(page.locator(side)).to_contain_text("Amy has 12 apples", timeout=60_000)
+            sizes = page.locator("#chat-sizes").inner_text()
+            assert "parameters" in sizes and "original" in sizes
+            page.wait_for_timeout(1500)  # let the streamed replies settle for the screenshot
+            page.screenshot(path=str(ARTIFACTS / "chat.png"), full_page=True)
+        finally:
+            browser.close()
+    for name in ("compress-running.png", "compress-done.png", "inspect.png", "chat.png"):
+        assert (ARTIFACTS / name).stat().st_size > 10_000
