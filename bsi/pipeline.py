@@ -35,7 +35,7 @@ from .data import BatchStream, TaskData, load_task
 from .engine import Compressor
 from .errors import BSIError
 from .evaluate import Metrics, answer_token_loss, evaluate
-from .export import write_model_files
+from .export import WEIGHTS, write_model_files
 from .files import atomic_directory, atomic_write_json, check_output_dir
 from .models import cache_root, load_model_and_tokenizer, model_id
 from .reparam import basis_layers, compressible_linear_names, compressible_parameters, model_parameters, to_exported_form
@@ -308,12 +308,18 @@ class Pipeline:
         return self.config.compress.score
 
     def save(self, summary: dict[str, Any]) -> None:
-        """Write model, summary.json and rounds.jsonl into ``out_dir`` in one atomic swap."""
+        """Write model, summary.json and rounds.jsonl into ``out_dir`` in one atomic swap.
+
+        Adds ``bytes_on_disk`` (size of the saved weights) and ``bytes_before``
+        (the dense model's weights in the same dtype) to ``summary``.
+        """
         assert self.out_dir is not None
         with atomic_directory(self.out_dir) as tmp:
             write_model_files(self.model, self.tokenizer, tmp, {
                 "method": self.method_name, "source_model": self.config.model,
                 "params_total": summary["params_after"], "settings": self.config.to_dict(),
             }, table=self.table)
+            summary["bytes_on_disk"] = (tmp / WEIGHTS).stat().st_size  # the compressed weights file
+            summary["bytes_before"] = summary["params_before"] * torch.finfo(self.dtype).bits // 8  # dense, same dtype
             (tmp / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.round_log), encoding="utf-8")
             atomic_write_json(tmp / "summary.json", summary)

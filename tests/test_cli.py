@@ -26,6 +26,8 @@ def test_compress_eval_chat_end_to_end(tmp_path):
     for key in ("params_before", "params_after", "compression_ratio", "metrics_before", "metrics_after", "seconds"):
         assert key in summary
     assert summary["params_after"] < summary["params_before"]
+    assert summary["bytes_on_disk"] == (out / "model.safetensors").stat().st_size
+    assert summary["bytes_on_disk"] < summary["bytes_before"]
     assert summary["compression_ratio"] == pytest.approx(summary["params_before"] / summary["params_after"])
     assert abs(summary["compressible_ratio"] - 0.5) <= 0.01
     assert len((out / "rounds.jsonl").read_text().splitlines()) == 2
