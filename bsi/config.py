@@ -269,6 +269,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "compress": {"rounds": 4, "iters_per_epoch": 48, "sampling_ratio": 0.25, "keep_ratio": 0.6},
         "recover": {"steps": 40, "lr": 5e-4, "warmup_steps": 4},
     },
+    # A short comparison sweep on the embedded model on a shared CPU (about a minute per cell):
+    # few steps everywhere, 40 test examples. For trends, not for the paper's numbers.
+    "sweep-cpu": {
+        "test_size": 40,
+        "eval_examples": 40,
+        "batch_size": 4,
+        "max_length": 128,
+        "max_new_tokens": 48,
+        "eval_batch_size": 20,
+        "finetune": {"steps": 40, "lr": 2e-4, "warmup_steps": 4},
+        "compress": {"rounds": 2, "iters_per_epoch": 8, "sampling_ratio": 0.25, "keep_ratio": 0.6, "aux_rank": 4},
+        "recover": {"steps": 10, "lr": 5e-4, "warmup_steps": 2},
+    },
     # The paper's scale (GPU): long schedules, many profiling batches.
     "paper": {
         "test_size": 1000,
