@@ -269,18 +269,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         "compress": {"rounds": 4, "iters_per_epoch": 48, "sampling_ratio": 0.25, "keep_ratio": 0.6},
         "recover": {"steps": 40, "lr": 5e-4, "warmup_steps": 4},
     },
-    # A short comparison sweep on the embedded model on a shared CPU (about a minute per cell):
-    # few steps everywhere, 40 test examples. For trends, not for the paper's numbers.
+    # A short comparison sweep of the embedded model on a small shared CPU (one to three minutes
+    # a cell): a few steps in every stage, 24 test examples. Shows trends, not the paper's numbers.
     "sweep-cpu": {
-        "test_size": 40,
-        "eval_examples": 40,
-        "batch_size": 4,
-        "max_length": 128,
-        "max_new_tokens": 48,
-        "eval_batch_size": 20,
-        "finetune": {"steps": 40, "lr": 2e-4, "warmup_steps": 4},
-        "compress": {"rounds": 2, "iters_per_epoch": 8, "sampling_ratio": 0.25, "keep_ratio": 0.6, "aux_rank": 4},
-        "recover": {"steps": 10, "lr": 5e-4, "warmup_steps": 2},
+        "test_size": 24,
+        "eval_examples": 24,
+        "batch_size": 2,
+        "max_length": 96,
+        "max_new_tokens": 40,
+        "eval_batch_size": 12,
+        "finetune": {"steps": 24, "lr": 2e-4, "warmup_steps": 2},
+        "compress": {"rounds": 2, "iters_per_epoch": 6, "sampling_ratio": 0.34, "keep_ratio": 0.6, "aux_rank": 4},
+        "recover": {"steps": 4, "lr": 5e-4, "warmup_steps": 1},
     },
     # The paper's scale (GPU): long schedules, many profiling batches.
     "paper": {
