@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("bsi.cli", "measure accuracy and answer-token loss of a model on a task"),
     "chat": ("bsi.cli", "chat with a model in the terminal"),
     "presets": ("bsi.cli", "print the presets (or one, as a full JSON config)"),
+    "sweep": ("bsi.sweep", "compare methods (svd, fwsvd, asvd, basel, bsi-grad, bsi) across target sizes"),
+    "compare": ("bsi.compare", "generate from several models side by side for the same prompts"),
 }
 
 
