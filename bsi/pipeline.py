@@ -31,6 +31,7 @@ from torch import nn
 
 from .config import PipelineConfig
 from .data import BatchStream, TaskData, load_task
+from .distributed import from_environment
 from .engine import Compressor
 from .errors import BSIError
 from .evaluate import Metrics, answer_token_loss, evaluate
@@ -92,7 +93,8 @@ class Pipeline:
         self.config = config
         self.out_dir = check_output_dir(out_dir) if out_dir is not None else None
         self.cache_dir = cache_dir
-        self.device = resolve_device(config.device)
+        self.dist = from_environment()  # several processes under accelerate/torchrun: see bsi.distributed
+        self.device = self.dist.device(resolve_device(config.device))
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model: nn.Module | None = None
         self.tokenizer: Any = None
@@ -122,8 +124,9 @@ class Pipeline:
 
     def stream(self, seed_offset: int) -> BatchStream:
         assert self.task is not None
+        seed = self.config.seed + seed_offset + 1000 * self.dist.rank  # each process its own batches
         return BatchStream(self.task.train, self.tokenizer, batch_size=self.config.batch_size,
-                           max_length=self.config.max_length, seed=self.config.seed + seed_offset)
+                           max_length=self.config.max_length, seed=seed)
 
     def finetune_stage(self) -> Iterator[Report]:
         """Stage 1: dense task fine-tuning, cached by a hash of its inputs."""
@@ -139,9 +142,15 @@ class Pipeline:
         yield StageReport("finetune", "start", f"{cfg.finetune.steps} steps")
         for p in self.model.parameters():
             p.requires_grad_(True)
+        hooks = self.dist.sync_gradients(self.model.parameters())
         yield from finetune(self.model, self.stream(1), steps=cfg.finetune.steps, lr=cfg.finetune.lr,
                             stage="finetune", weight_decay=cfg.finetune.weight_decay,
                             max_grad_norm=cfg.finetune.max_grad_norm, warmup_steps=cfg.finetune.warmup_steps)
+        for hook in hooks:
+            hook.remove()
+        if not self.dist.is_main:  # rank 0 writes the cache; the others hold the same weights
+            yield StageReport("finetune", "end", str(folder))
+            return
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=folder.parent))
         try:
@@ -155,11 +164,16 @@ class Pipeline:
     def compress(self) -> Iterator[Report]:
         """Stage 2: the pruning rounds. Override to plug in another method."""
         compressor = Compressor(self.model, self.stream(2), self.config.compress, answer_token_loss,
-                                compute_dtype=self.dtype)
+                                compute_dtype=self.dtype, reduce=self.dist.reduce,
+                                probe_seed=self.config.compress.seed + 7919 * self.dist.rank)
+        hooks = self.dist.sync_gradients(p for layer in compressor.layers.values()
+                                         for p in (layer.sigma, layer.aux_u, layer.aux_v))
         for report in compressor.run():
             if isinstance(report, RoundReport):
                 self.rounds.append(report)
             yield report
+        for hook in hooks:
+            hook.remove()
 
     def recover_stage(self) -> Iterator[Report]:
         """Stage 3: fine-tune sigma and the auxiliary vectors of the compressed model."""
@@ -170,9 +184,12 @@ class Pipeline:
         yield StageReport("recover", "start", f"{cfg.steps} steps")
         params = [p for layer in basis_layers(self.model).values()
                   for p in (layer.sigma, layer.aux_u, layer.aux_v) if p.numel()]
+        hooks = self.dist.sync_gradients(params)
         yield from finetune(self.model, self.stream(3), steps=cfg.steps, lr=cfg.lr, stage="recover",
                             parameters=params, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
                             warmup_steps=cfg.warmup_steps)
+        for hook in hooks:
+            hook.remove()
         yield StageReport("recover", "end")
 
     def evaluate_stage(self, when: str) -> Iterator[Report]:
@@ -230,7 +247,7 @@ class Pipeline:
             "dtype": str(self.dtype).removeprefix("torch."),
             "config": self.config.to_dict(),
         }
-        if self.out_dir is not None:
+        if self.out_dir is not None and self.dist.is_main:  # one writer when several processes run
             yield StageReport("save", "start", str(self.out_dir))
             self.save(summary)
             yield StageReport("save", "end", str(self.out_dir))
