@@ -46,10 +46,14 @@ def interleave(variants: dict[str, Callable[[int], object]], repeats: int, warmu
     The first ``warmup`` rounds are run but not recorded (allocator and
     optimizer-state warm-up).
     """
+    import sys
+
     out = Timings()
     for i in range(warmup + repeats):
         for name, fn in variants.items():
             seconds = timed(lambda: fn(i))
+            print(f"  [{'warm-up' if i < warmup else f'repeat {i - warmup + 1}'}] {name}: {seconds:.2f} s",
+                  file=sys.stderr, flush=True)
             if i >= warmup:
                 out.add(name, seconds)
     return out

@@ -143,7 +143,7 @@ def bench_profiling(dense, batches, repeats: int, layer_samples: int) -> dict:
     t_hvp = interleave({
         "train_step_eager": lambda i: train_step(compressor, batches[i % len(batches)]),
         "profile_model_hvp": prof("model", method="hvp"),
-    }, max(1, repeats - 1))
+    }, max(1, repeats - 1), warmup=0)
     model.set_attn_implementation("sdpa")
     train = t.median("train_step")
     per_layer = (t.median("profile_layer_fd_sampled") - t.median("grad_only")) / len(sampled)
