@@ -27,6 +27,8 @@ import torch
 from torch.nn import functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
+
 from bsi.config import CompressConfig
 from bsi.engine import Compressor
 from bsi.estimator import profile_batch

@@ -39,6 +39,7 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from common import Timings, interleave, load_embedded, machine, real_batches, tokens_in  # noqa: E402
 
 from bsi.config import CompressConfig, make_config  # noqa: E402
