@@ -47,6 +47,7 @@ def _add_compress(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-scope", help="model (one joint probe) | layer (one probe per layer)")
     p.add_argument("--hessian-method", help="fd (finite differences) | hvp (double backward)")
     p.add_argument("--probes", type=int, dest="probes_per_batch", help="probes per profiling batch")
+    p.add_argument("--center-gradient", help="exact (own pass) | average ((g+ + g-)/2, one pass fewer)")
     p.add_argument("--iters-per-epoch", type=int, help="NumIterPerEpoch")
     p.add_argument("--pruning-epochs", type=float, help="PruningEpochs")
     p.add_argument("--sampling-ratio", type=float, help="SamplingIterRatio in (0, 1]")
@@ -70,7 +71,7 @@ def _add_compress(p: argparse.ArgumentParser) -> None:
 _TOP = ("model", "data", "question_field", "answer_field", "batch_size", "max_length", "eval_examples", "dtype",
         "device", "trust_remote_code", "seed", "skip_finetune", "gradient_checkpointing")
 _COMPRESS = ("keep_ratio", "target_ratio", "score", "eps", "rounds", "gamma", "probe_scope", "hessian_method",
-             "probes_per_batch", "iters_per_epoch", "pruning_epochs", "sampling_ratio", "aux_rank", "lr")
+             "probes_per_batch", "center_gradient", "iters_per_epoch", "pruning_epochs", "sampling_ratio", "aux_rank", "lr")
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:

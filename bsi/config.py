@@ -29,6 +29,7 @@ from .importance import SCORES
 
 PROBE_SCOPES = ("model", "layer")
 HESSIAN_METHODS = ("fd", "hvp")
+CENTER_GRADIENTS = ("exact", "average")
 DTYPES = ("float32", "bfloat16", "float16")
 
 T = TypeVar("T")
@@ -109,6 +110,7 @@ class CompressConfig(_JsonConfig):
     probe_scope: str = "model"
     hessian_method: str = "fd"
     probes_per_batch: int = 1
+    center_gradient: str = "exact"  # "average": (g+ + g-)/2 replaces the centre pass (model scope, fd)
     aux_rank: int = 8
     lr: float = 1e-3  # learning rate of sigma
     aux_lr: float = 2e-4  # learning rate of the auxiliary vectors
@@ -136,6 +138,8 @@ class CompressConfig(_JsonConfig):
         _check(0 < self.eps_max < 1, f"eps_max must be in (0, 1), got {self.eps_max}")
         _check(self.probe_scope in PROBE_SCOPES, f"probe_scope must be one of {', '.join(PROBE_SCOPES)}, got '{self.probe_scope}'")
         _check(self.hessian_method in HESSIAN_METHODS, f"hessian_method must be one of {', '.join(HESSIAN_METHODS)}, got '{self.hessian_method}'")
+        _check(self.center_gradient in CENTER_GRADIENTS,
+               f"center_gradient must be one of {', '.join(CENTER_GRADIENTS)}, got '{self.center_gradient}'")
         _check(self.probes_per_batch >= 1, f"probes_per_batch must be >= 1, got {self.probes_per_batch}")
         _check(self.aux_rank >= 0, f"aux_rank must be >= 0, got {self.aux_rank}")
         _check(self.lr >= 0 and self.aux_lr >= 0, "learning rates must be >= 0")

@@ -86,6 +86,9 @@ class Compressor:
         compute_dtype: dtype the layers compute in (for the eps rule).
         reduce: sums a tensor across processes (identity on one process); used
             for the profiling sums and counts, so every rank prunes alike.
+        probe_seed: seed of the probe generator (default ``config.seed``); give
+            each process its own so that its probes are independent extra probes
+            (see :mod:`bsi.distributed`).
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class Compressor:
         *,
         compute_dtype: torch.dtype | None = None,
         reduce: Reducer | None = None,
+        probe_seed: int | None = None,
     ) -> None:
         self.model = model
         self.batches = batches
@@ -111,7 +115,7 @@ class Compressor:
         self.eps = config.eps if config.eps is not None else eps_rule(
             largest_singular_value(self.layers), self.compute_dtype, config.eps_alpha, config.eps_max
         )
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = torch.Generator().manual_seed(config.seed if probe_seed is None else probe_seed)
         self.optimizer = self._make_optimizer()
         self.iteration = 0  # iterations done so far
         self.skipped = 0
@@ -159,11 +163,13 @@ class Compressor:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.model, batch)
-        finite = bool(torch.isfinite(loss))
-        if finite:
+        # Backward even for a non-finite loss: under several processes the gradient
+        # hooks all-reduce, so every rank must take part (its NaN then makes every
+        # rank skip this step together). Alone, the step is skipped as before.
+        if loss.requires_grad:
             loss.backward()
-            grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-            finite = all(bool(torch.isfinite(g).all()) for g in grads)
+        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        finite = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(g).all()) for g in grads)
         if finite:
             self.optimizer.step()
             self._round_losses.append(float(loss.detach()))
@@ -181,6 +187,7 @@ class Compressor:
             self.model, layers, pools, batch, self.loss_fn, eps=self.eps,
             scope=self.config.probe_scope, method=self.config.hessian_method,
             probes=self.config.probes_per_batch, generator=self.generator,
+            center=self.config.center_gradient,
         )
         if result is None:
             self.skipped += 1

@@ -32,6 +32,7 @@ from torch import nn
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import PipelineConfig
 from .data import BatchStream, TaskData, load_task
+from .distributed import from_environment
 from .engine import Compressor
 from .errors import BSIError
 from .evaluate import Metrics, answer_token_loss, evaluate
@@ -101,7 +102,8 @@ class Pipeline:
         self.config = config
         self.out_dir = check_output_dir(out_dir) if out_dir is not None else None
         self.cache_dir = cache_dir
-        self.device = resolve_device(config.device)
+        self.dist = from_environment()  # several processes under accelerate/torchrun: see bsi.distributed
+        self.device = self.dist.device(resolve_device(config.device))
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model: nn.Module | None = None
         self.tokenizer: Any = None
@@ -148,8 +150,9 @@ class Pipeline:
 
     def stream(self, seed_offset: int) -> BatchStream:
         assert self.task is not None
+        seed = self.config.seed + seed_offset + 1000 * self.dist.rank  # each process its own batches
         return BatchStream(self.task.train, self.tokenizer, batch_size=self.config.batch_size,
-                           max_length=self.config.max_length, seed=self.config.seed + seed_offset)
+                           max_length=self.config.max_length, seed=seed)
 
     def finetune_stage(self) -> Iterator[Report]:
         """Stage 1: dense task fine-tuning, cached by a hash of its inputs."""
@@ -165,10 +168,16 @@ class Pipeline:
         yield StageReport("finetune", "start", f"{cfg.finetune.steps} steps")
         for p in self.model.parameters():
             p.requires_grad_(True)
+        hooks = self.dist.sync_gradients(self.model.parameters())
         yield from self._limit_skips(finetune(
             self.model, self.stream(1), steps=cfg.finetune.steps, lr=cfg.finetune.lr, stage="finetune",
             weight_decay=cfg.finetune.weight_decay, max_grad_norm=cfg.finetune.max_grad_norm,
             warmup_steps=cfg.finetune.warmup_steps))
+        for hook in hooks:
+            hook.remove()
+        if not self.dist.is_main:  # rank 0 writes the cache; the others hold the same weights
+            yield StageReport("finetune", "end", str(folder))
+            return
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=folder.parent))
         try:
@@ -183,22 +192,27 @@ class Pipeline:
         """Stage 2: the pruning rounds, checkpointed after each. Override to plug in another method."""
         stream = self.stream(2)
         compressor = Compressor(self.model, stream, self.config.compress, answer_token_loss,
-                                compute_dtype=self.dtype)
+                                compute_dtype=self.dtype, reduce=self.dist.reduce,
+                                probe_seed=self.config.compress.seed + 7919 * self.dist.rank)
         if self._resume is not None:
             tensors, plain = self._resume
             compressor.load_state_dict(tensors, plain["compressor"])
             stream.load_state_dict(plain["stream"])
             yield StageReport("compress", "resume", f"after round {len(self.round_log)}")
+        hooks = self.dist.sync_gradients(p for layer in compressor.layers.values()
+                                         for p in (layer.sigma, layer.aux_u, layer.aux_v))
         for report in self._limit_skips(compressor.run()):
             if isinstance(report, RoundReport):
                 self.rounds.append(report)
                 self.round_log.append(compact_round(report))
                 self.checkpoint(compressor, stream)
             yield report
+        for hook in hooks:
+            hook.remove()
 
     def checkpoint(self, compressor: Compressor, stream: BatchStream) -> None:
-        """Save the state after a complete round into ``out_dir/checkpoint`` (atomic)."""
-        if self.out_dir is None:
+        """Save the state after a complete round into ``out_dir/checkpoint`` (atomic; rank 0 only)."""
+        if self.out_dir is None or not self.dist.is_main:
             return
         tensors, compressor_plain = compressor.state_dict()
         save_checkpoint(self.out_dir / CHECKPOINT, tensors, {
@@ -220,6 +234,8 @@ class Pipeline:
                         f"max_skipped_batches={limit}); lower the learning rate or check the data/model dtype"
                     )
             yield report
+        for hook in hooks:
+            hook.remove()
 
     def recover_stage(self) -> Iterator[Report]:
         """Stage 3: fine-tune sigma and the auxiliary vectors of the compressed model."""
@@ -230,9 +246,12 @@ class Pipeline:
         yield StageReport("recover", "start", f"{cfg.steps} steps")
         params = [p for layer in basis_layers(self.model).values()
                   for p in (layer.sigma, layer.aux_u, layer.aux_v) if p.numel()]
+        hooks = self.dist.sync_gradients(params)
         yield from self._limit_skips(finetune(
             self.model, self.stream(3), steps=cfg.steps, lr=cfg.lr, stage="recover", parameters=params,
             weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_steps))
+        for hook in hooks:
+            hook.remove()
         yield StageReport("recover", "end")
 
     def evaluate_stage(self, when: str) -> Iterator[Report]:
@@ -297,7 +316,7 @@ class Pipeline:
             "dtype": str(self.dtype).removeprefix("torch."),
             "config": self.config.to_dict(),
         }
-        if self.out_dir is not None:
+        if self.out_dir is not None and self.dist.is_main:  # one writer when several processes run
             yield StageReport("save", "start", str(self.out_dir))
             self.save(summary)
             yield StageReport("save", "end", str(self.out_dir))

@@ -105,8 +105,9 @@ def _steps(
                 group["lr"] = lr * lr_factor(step, steps, warmup_steps)
             loss = answer_token_loss(model, next(stream))  # float32 scalar
             finite = bool(torch.isfinite(loss))
-            if finite:
+            if loss.requires_grad:  # also when not finite: multi-process gradient hooks need every rank
                 loss.backward()
+            if finite:
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
                 finite = bool(torch.isfinite(grad_norm))
             if finite:

@@ -117,3 +117,17 @@ def test_hessian_vector_product_against_exact_row(toy):
     e0[0][0] = 1.0
     _, _, hv = hessian_vector_product(model, layers, batch, toy_loss, e0)
     assert float(hv[0][0]) == pytest.approx(float(exact[0]), rel=1e-4, abs=1e-6)
+
+
+def test_averaged_center_gradient_matches_exact_gradient_and_hessian(toy):
+    """center="average" takes dl/dsigma as (g+ + g-)/2: equal to the exact gradient up to O(eps^2)."""
+    model, layers, batch, pools = toy
+    kwargs = dict(eps=1e-2, scope="model", probes=3)
+    exact = profile_batch(model, layers, pools, batch, toy_loss, generator=torch.Generator().manual_seed(5), **kwargs)
+    avg = profile_batch(model, layers, pools, batch, toy_loss, generator=torch.Generator().manual_seed(5),
+                        center="average", **kwargs)
+    g_exact, g_avg = torch.cat(exact.grads), torch.cat(avg.grads)
+    assert float((g_avg - g_exact).norm() / g_exact.norm()) < 1e-3  # eps^2 = 1e-4 scale
+    assert not torch.equal(g_avg, g_exact)  # it really is a different computation
+    torch.testing.assert_close(torch.cat(avg.hessians), torch.cat(exact.hessians))  # same probes, same estimate
+    assert avg.loss == pytest.approx(exact.loss, rel=1e-4)
