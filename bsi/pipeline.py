@@ -234,8 +234,6 @@ class Pipeline:
                         f"max_skipped_batches={limit}); lower the learning rate or check the data/model dtype"
                     )
             yield report
-        for hook in hooks:
-            hook.remove()
 
     def recover_stage(self) -> Iterator[Report]:
         """Stage 3: fine-tune sigma and the auxiliary vectors of the compressed model."""
