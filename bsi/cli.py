@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "presets": ("bsi.cli", "print the presets (or one, as a full JSON config)"),
     "sweep": ("bsi.sweep", "compare methods (svd, fwsvd, asvd, basel, bsi-grad, bsi) across target sizes"),
     "compare": ("bsi.compare", "generate from several models side by side for the same prompts"),
+    "spectrum": ("bsi.spectrum", "measure per-layer Hessian spectra in sigma-space (power-law fit, JSON, HTML)"),
 }
 
 

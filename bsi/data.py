@@ -83,7 +83,7 @@ _ITEMS = (
 _PRICED = (("notebook", "notebooks"), ("pen", "pens"), ("sandwich", "sandwiches"),
            ("ticket", "tickets"), ("toy", "toys"), ("cupcake", "cupcakes"), ("kite", "kites"))  # fmt: skip
 _CONTAINERS = ("boxes", "bags", "baskets", "packs", "jars")
-_VEHICLES = (("car", "km"), ("train", "km"), ("cyclist", "km"), ("bus", "km"), ("runner", "miles"))
+_VEHICLES = (("car", "km"), ("train", "km"), ("bike", "km"), ("bus", "km"), ("boat", "miles"))
 
 
 def _person(rng: random.Random) -> tuple[str, str]:
@@ -104,7 +104,7 @@ def _cap(word: str) -> str:
 def _gather(rng: random.Random) -> Example:
     # one addition: "has a, finds b more"
     (name, pron), item = _person(rng), rng.choice(_ITEMS)
-    a, b = rng.randint(3, 40), rng.randint(2, 30)
+    a, b = rng.randint(2, 20), rng.randint(2, 10)
     return Example(
         f"{name} has {a} {item}. {_cap(pron)} finds {b} more {item}. How many {item} does {name} have now?",
         f"{name} has {a} + {b} = {a + b} {item} now.\n#### {a + b}",
@@ -114,8 +114,8 @@ def _gather(rng: random.Random) -> Example:
 def _give_away(rng: random.Random) -> Example:
     # one subtraction
     (name, pron), item = _person(rng), rng.choice(_ITEMS)
-    b = rng.randint(2, 25)
-    a = b + rng.randint(2, 30)
+    b = rng.randint(2, 10)
+    a = b + rng.randint(1, 10)
     return Example(
         f"{name} had {a} {item} and gave {b} of them to a friend. How many {item} does {name} have left?",
         f"{name} has {a} - {b} = {a - b} {item} left.\n#### {a - b}",
@@ -125,7 +125,7 @@ def _give_away(rng: random.Random) -> Example:
 def _shopping(rng: random.Random) -> Example:
     # one multiplication: quantity x unit price
     (name, pron), (_, many) = _person(rng), rng.choice(_PRICED)
-    count, price = rng.randint(2, 9), rng.randint(2, 9)
+    count, price = rng.randint(2, 5), rng.randint(2, 5)
     return Example(
         f"{name} buys {count} {many} for ${price} each. How much money does {pron} spend?",
         f"{_cap(pron)} spends {count} x {price} = ${count * price}.\n#### {count * price}",
@@ -135,9 +135,9 @@ def _shopping(rng: random.Random) -> Example:
 def _change(rng: random.Random) -> Example:
     # two steps: cost, then change from a payment
     (name, pron), (_, many) = _person(rng), rng.choice(_PRICED)
-    count, price = rng.randint(2, 5), rng.randint(2, 9)
+    count, price = rng.randint(2, 3), rng.randint(2, 5)
     cost = count * price
-    paid = rng.choice([bill for bill in (20, 50, 100) if bill > cost])
+    paid = 20
     return Example(
         f"{name} buys {count} {many} at ${price} each and pays with a ${paid} bill. How much change does {pron} get?",
         f"The {many} cost {count} x {price} = ${cost}.\n{_cap(pron)} gets {paid} - {cost} = ${paid - cost} back.\n#### {paid - cost}",
@@ -147,7 +147,7 @@ def _change(rng: random.Random) -> Example:
 def _sharing(rng: random.Random) -> Example:
     # one exact division
     (name, pron), item = _person(rng), rng.choice(_ITEMS)
-    friends, each = rng.randint(2, 9), rng.randint(2, 9)
+    friends, each = rng.randint(2, 5), rng.randint(2, 5)
     total = friends * each
     return Example(
         f"{name} shares {total} {item} equally among {friends} friends. How many {item} does each friend get?",
@@ -158,7 +158,7 @@ def _sharing(rng: random.Random) -> Example:
 def _containers(rng: random.Random) -> Example:
     # one multiplication: groups x size
     item, box = rng.choice(_ITEMS), rng.choice(_CONTAINERS)
-    groups, size = rng.randint(2, 9), rng.randint(2, 12)
+    groups, size = rng.randint(2, 5), rng.randint(2, 6)
     return Example(
         f"There are {groups} {box} with {size} {item} in each. How many {item} are there in total?",
         f"There are {groups} x {size} = {groups * size} {item}.\n#### {groups * size}",
@@ -168,7 +168,7 @@ def _containers(rng: random.Random) -> Example:
 def _ages(rng: random.Random) -> Example:
     # two additions: an age difference, then years ahead
     (name, _), (other, _) = _two_people(rng)
-    age, gap, years = rng.randint(5, 40), rng.randint(2, 15), rng.randint(2, 10)
+    age, gap, years = rng.randint(5, 15), rng.randint(2, 5), rng.randint(2, 5)
     now = age + gap
     return Example(
         f"{name} is {age} years old. {other} is {gap} years older than {name}. How old will {other} be in {years} years?",
@@ -177,19 +177,19 @@ def _ages(rng: random.Random) -> Example:
 
 
 def _distance(rng: random.Random) -> Example:
-    # one multiplication: speed x time
-    vehicle, unit = rng.choice(_VEHICLES)
-    speed, hours = rng.randint(2, 12) * 5, rng.randint(2, 5)
+    # one multiplication: speed x time (speeds are round tens)
+    (name, pron), (vehicle, unit) = _person(rng), rng.choice(_VEHICLES)
+    speed, hours = rng.randint(1, 9) * 10, rng.randint(2, 4)
     return Example(
-        f"A {vehicle} travels {speed} {unit} per hour for {hours} hours. How many {unit} does it travel?",
-        f"It travels {speed} x {hours} = {speed * hours} {unit}.\n#### {speed * hours}",
+        f"{name} travels by {vehicle} at {speed} {unit} per hour for {hours} hours. How many {unit} does {pron} travel?",
+        f"{_cap(pron)} travels {speed} x {hours} = {speed * hours} {unit}.\n#### {speed * hours}",
     )
 
 
 def _savings(rng: random.Random) -> Example:
     # two steps: weekly savings, then a purchase
     (name, pron) = _person(rng)
-    weekly, weeks = rng.randint(2, 9), rng.randint(2, 6)
+    weekly, weeks = rng.randint(2, 5), rng.randint(2, 3)
     saved = weekly * weeks
     spent = rng.randint(1, saved - 1)
     return Example(
@@ -223,7 +223,9 @@ def generate_math_problems(n: int, seed: int) -> list[Example]:
 
     Nine templates (collecting, giving away, shopping, change, sharing,
     boxes, ages, distance, savings) with one or two arithmetic steps on small
-    numbers. Answers are short worked solutions in GSM8K's style, e.g.::
+    numbers (sums within 30, times tables up to 5 x 6, round-ten speeds):
+    easy enough that SmolLM2-135M learns the task in a few dozen fine-tuning
+    steps, while it gets few of them right before. Answers are short worked solutions in GSM8K's style, e.g.::
 
         Sam has 12 + 7 = 19 apples now.
         #### 19
