@@ -267,11 +267,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "test_size": 100,
         "eval_examples": 100,
         "batch_size": 8,
-        "max_length": 192,
-        "max_new_tokens": 64,
-        "finetune": {"steps": 60, "lr": 2e-4, "warmup_steps": 6},
+        "max_length": 160,
+        "max_new_tokens": 48,
+        "finetune": {"steps": 50, "lr": 2e-4, "warmup_steps": 5},
         "compress": {"rounds": 4, "iters_per_epoch": 32, "sampling_ratio": 0.25, "keep_ratio": 0.6},
-        "recover": {"steps": 24, "lr": 5e-4, "warmup_steps": 3},
+        "recover": {"steps": 16, "lr": 5e-4, "warmup_steps": 2},
     },
     # A short comparison sweep of the embedded model on a small shared CPU (one to three minutes
     # a cell): a few steps in every stage, 24 test examples. Shows trends, not the paper's numbers.
