@@ -349,7 +349,8 @@ def _ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
 
 
 def _load_kwargs(dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str | None) -> dict:
-    kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    # use_safetensors: weights are read from safetensors only, never unpickled from a .bin file
+    kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code, "use_safetensors": True}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     return kwargs
@@ -361,6 +362,11 @@ def _load_folder(
     """Load a local Hugging Face model folder, turning each failure into a BSIError."""
     if not (path / "config.json").is_file():
         raise BSIError(f"model folder '{path}' has no config.json: give a folder saved with save_pretrained")
+    if not any(path.glob("*.safetensors")):
+        pickled = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        found = f" (it holds {', '.join(pickled)}: pickled weights, which bsi never loads)" if pickled else ""
+        raise BSIError(f"model folder '{path}' has no .safetensors weights{found}; save it with "
+                       "save_pretrained(..., safe_serialization=True)")
     try:
         AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
