@@ -362,11 +362,6 @@ def _load_folder(
     """Load a local Hugging Face model folder, turning each failure into a BSIError."""
     if not (path / "config.json").is_file():
         raise BSIError(f"model folder '{path}' has no config.json: give a folder saved with save_pretrained")
-    if not any(path.glob("*.safetensors")):
-        pickled = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
-        found = f" (it holds {', '.join(pickled)}: pickled weights, which bsi never loads)" if pickled else ""
-        raise BSIError(f"model folder '{path}' has no .safetensors weights{found}; save it with "
-                       "save_pretrained(..., safe_serialization=True)")
     try:
         AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
@@ -378,6 +373,11 @@ def _load_folder(
     except ValueError as err:
         raise BSIError(f"model folder '{path}' does not hold a causal language model ({_first_line(err)})") from err
     except OSError as err:
+        if not any(path.glob("*.safetensors")):
+            pickled = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+            found = f" (it holds {', '.join(pickled)}: pickled weights, which bsi never loads)" if pickled else ""
+            raise BSIError(f"model folder '{path}' has no .safetensors weights{found}; save it with "
+                           "save_pretrained(..., safe_serialization=True)") from err
         raise BSIError(f"model folder '{path}' could not be loaded ({_first_line(err)})") from err
     except SafetensorError as err:
         raise BSIError(

@@ -201,3 +201,35 @@ def test_one_reply_at_a_time_per_session():
     first.close()  # a client gone mid-stream: the guard is lifted
     *_, (history, _) = chat.respond(session, "three", max_new_tokens=8)
     assert [m["content"] for m in history if m["role"] == "user"] == ["three"]
+
+
+# ------------------------------------------------------------------ two real browser tabs
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not __import__("os").path.exists(CHROMIUM), reason="chromium missing: run `make chromium`")
+def test_two_browser_tabs_busy_then_tab_closed_frees_the_server(server, monkeypatch):
+    from playwright.sync_api import expect, sync_playwright
+
+    longer_smoke(monkeypatch, finetune={"steps": 2000})
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        try:
+            first, second = browser.new_context().new_page(), browser.new_context().new_page()
+            for page in (first, second):
+                page.goto(server.local_url)
+                expect(page.locator("#job-status")).to_contain_text("press Start", timeout=60_000)
+            first.locator("#start-button").click()
+            expect(first.locator("#job-status")).to_contain_text("Running", timeout=60_000)
+            second.locator("#start-button").click()
+            expect(second.locator("#job-status")).to_contain_text("Busy", timeout=30_000)
+            first.close()  # the visitor closes the tab mid-run
+            wait_for(lambda: not server.board.busy, 30, "the closed tab's job to stop")
+            second.locator("#start-button").click()
+            expect(second.locator("#job-status")).to_contain_text("Running", timeout=60_000)
+            second.locator("#cancel-button").click()
+            expect(second.locator("#job-status")).to_contain_text("Cancelled", timeout=60_000)
+            wait_for(lambda: not server.board.busy, 10, "the board after Cancel")  # freed as the handler returns
+        finally:
+            browser.close()
