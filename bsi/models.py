@@ -349,7 +349,8 @@ def _ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
 
 
 def _load_kwargs(dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str | None) -> dict:
-    kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code}
+    # use_safetensors: weights are read from safetensors only, never unpickled from a .bin file
+    kwargs: dict = {"dtype": dtype, "trust_remote_code": trust_remote_code, "use_safetensors": True}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     return kwargs
@@ -372,6 +373,11 @@ def _load_folder(
     except ValueError as err:
         raise BSIError(f"model folder '{path}' does not hold a causal language model ({_first_line(err)})") from err
     except OSError as err:
+        if not any(path.glob("*.safetensors")):
+            pickled = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+            found = f" (it holds {', '.join(pickled)}: pickled weights, which bsi never loads)" if pickled else ""
+            raise BSIError(f"model folder '{path}' has no .safetensors weights{found}; save it with "
+                           "save_pretrained(..., safe_serialization=True)") from err
         raise BSIError(f"model folder '{path}' could not be loaded ({_first_line(err)})") from err
     except SafetensorError as err:
         raise BSIError(

@@ -21,7 +21,7 @@ from ..chat import ChatSession
 from ..errors import BSIError
 from ..export import read_meta
 from ..reparam import model_parameters
-from .state import LoadedModel, Session
+from .state import LoadedModel, Session, Visitors, session_hash_of, with_request
 
 SIDES = ("compressed", "original")
 EMPTY_REPLY = "(no text: the model ended its turn at once or produced only special tokens)"
@@ -42,6 +42,8 @@ def load_folder(session: Session, folder: str) -> str:
     """Load a compressed folder (``bsi compress --out``) and its source model into the session."""
     from ..models import load_model_and_tokenizer
 
+    if session.closed:
+        raise BSIError("this session has ended; reload the page")
     folder = (folder or "").strip()
     if not folder:
         raise BSIError("type the folder of a compressed model (what `bsi compress --out` wrote)")
@@ -72,12 +74,24 @@ def _history(chat: ChatSession | None, pending: tuple[str, str] | None = None) -
 def respond(session: Session, message: str, max_new_tokens: int = 64) -> Iterator[tuple[list[dict], list[dict]]]:
     """Stream both replies to ``message``; yields ``(compressed history, original history)``.
 
-    Raises BSIError when no model is loaded or the message is empty.
+    Raises BSIError when no model is loaded, the message is empty, or this
+    session's previous reply is still streaming (two replies at once would
+    interleave their turns in the same conversation).
     """
     if session.compressed is None:
         raise BSIError("no compressed model yet: run a compression first, or load a saved folder")
     if not message or not message.strip():
         raise BSIError("empty message: type something to send")
+    if session.chatting:
+        raise BSIError("a reply is still streaming in this tab: wait for it to finish, then send again")
+    session.chatting = True
+    try:
+        yield from _stream(session, message, max_new_tokens)
+    finally:  # also when Gradio closes the stream (client gone)
+        session.chatting = False
+
+
+def _stream(session: Session, message: str, max_new_tokens: int) -> Iterator[tuple[list[dict], list[dict]]]:
     loaded = {"compressed": session.compressed, "original": session.original}
     for side, model in loaded.items():
         chat = session.chats.get(side)
@@ -104,9 +118,11 @@ def clear(session: Session) -> tuple[list, list]:
     return [], []
 
 
-def render(session_state):
+def render(session_state, visitors: Visitors | None = None):
     """Lay out the Chat tab and wire it; returns the sizes line (refreshed when a job ends)."""
     import gradio as gr
+
+    visitors = Visitors() if visitors is None else visitors
 
     sizes = gr.Markdown(elem_id="chat-sizes")
     with gr.Row():
@@ -123,14 +139,18 @@ def render(session_state):
         folder = gr.Textbox(label="Folder written by `bsi compress --out` or the app's 'Save to folder'")
         load_button = gr.Button("Load", size="sm")
 
-    def on_send(session, text, tokens):
+    @with_request
+    def on_send(request, session, text, tokens):
+        visitors.register(session_hash_of(request), session)
         try:
             for histories in respond(session, text, tokens):
                 yield histories[0], histories[1], sizes_text(session)
         except BSIError as err:
             yield gr.skip(), gr.skip(), f"**Error:** {err}"
 
-    def on_load(session, path):
+    @with_request
+    def on_load(request, session, path):
+        visitors.register(session_hash_of(request), session)
         try:
             return load_folder(session, path), [], []
         except BSIError as err:

@@ -10,7 +10,10 @@ line, loss curve, parameters per round, rank heatmap, log). It
   visitor's job holds it, yields a single "busy" view and stops;
 * checks the session's cancel flag after every report (every optimisation
   step), so Cancel stops the run within one step; the pipeline generator is
-  closed and its model dropped, and the board freed, whatever happens;
+  closed and its model dropped, and the board freed, whatever happens
+  (including ``GeneratorExit``: Gradio closes the generator when its client
+  cancels the event or drops the stream, and the visitor leaving raises the
+  cancel flag, see :class:`~bsi.app.state.Visitors`);
 * throttles views to one per ``min_interval`` seconds between steps (round,
   stage and evaluation reports always produce one).
 """
@@ -36,7 +39,7 @@ from ..pipeline import Pipeline, resolve_device, resolve_dtype
 from ..reparam import compressible_linear_names, compressible_parameters, model_parameters
 from ..reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
 from . import plots
-from .state import JobBoard, LoadedModel, Session
+from .state import JobBoard, LoadedModel, Session, Visitors, session_hash_of, with_request
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 """Largest JSONL upload accepted (20 MB); the server also refuses bigger files."""
@@ -273,6 +276,9 @@ def _done_status(summary: dict) -> str:
 
 def run_job(board: JobBoard, session: Session, form: Form, min_interval: float = 1.0) -> Iterator[JobView]:
     """Run the pipeline for ``form``, yielding views; see the module docstring for the guarantees."""
+    if session.closed:
+        yield snapshot(session, "**Closed:** this session has ended; reload the page to start again.")
+        return
     if session.running:
         yield snapshot(session, "**Already running** in this tab: press Cancel first.")
         return
@@ -311,6 +317,9 @@ def _drive(pipeline: Pipeline, session: Session, config: PipelineConfig, min_int
     try:
         for report in reports:
             if session.cancel_requested:
+                if session.closed:
+                    session.add_log("stopped: the visitor left")
+                    return
                 session.add_log("cancelled by the user")
                 yield snapshot(session, "**Cancelled.** The run stopped and its memory was freed; press Start to run again.")
                 return
@@ -343,7 +352,7 @@ def _drive(pipeline: Pipeline, session: Session, config: PipelineConfig, min_int
                 yield snapshot(session, _status("Running", session, config), eps_text)
     finally:
         reports.close()
-    if session.summary is None:
+    if session.summary is None or session.closed:
         return
     tokenizer = pipeline.tokenizer
     session.compressed = LoadedModel(pipeline.model.eval(), tokenizer, "compressed", model_parameters(pipeline.model))
@@ -376,7 +385,7 @@ class CompressTab:
     connect: Any = None  # connect(round_dropdown, layer_dropdown): wire Start once the Inspect tab exists
 
 
-def render(board: JobBoard, session_state: Any, defaults: Form) -> CompressTab:
+def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visitors | None = None) -> CompressTab:
     """Lay out the Compress tab inside the current Blocks and wire its events.
 
     Start is wired by the returned tab's ``connect(round, layer)``, given the
@@ -449,16 +458,24 @@ def render(board: JobBoard, session_state: Any, defaults: Form) -> CompressTab:
 
     eps_button.click(on_eps, [session_state, *form], eps_text, concurrency_limit=1)
 
-    def on_start(session, *values):
+    visitors = Visitors() if visitors is None else visitors
+
+    @with_request
+    def on_start(request, session, *values):
+        visitors.register(session_hash_of(request), session)
         shown_rounds: list[int] = []
-        for view in run_job(board, session, Form(*values)):
-            round_update = layer_update = gr.skip()
-            if view.rounds != shown_rounds:
-                shown_rounds = list(view.rounds)
-                round_update = gr.update(choices=view.rounds, value=view.rounds[-1] if view.rounds else None)
-                layer_update = gr.update(choices=view.layers, value=view.layers[0] if view.layers else None)
-            yield (view.status, view.loss, view.params, view.ranks, view.log, round_update, layer_update,
-                   view.eps_text if view.eps_text else gr.skip())
+        views = run_job(board, session, Form(*values))
+        try:
+            for view in views:
+                round_update = layer_update = gr.skip()
+                if view.rounds != shown_rounds:
+                    shown_rounds = list(view.rounds)
+                    round_update = gr.update(choices=view.rounds, value=view.rounds[-1] if view.rounds else None)
+                    layer_update = gr.update(choices=view.layers, value=view.layers[0] if view.layers else None)
+                yield (view.status, view.loss, view.params, view.ranks, view.log, round_update, layer_update,
+                       view.eps_text if view.eps_text else gr.skip())
+        finally:  # Gradio closed us (client cancelled or gone): stop the job and free the board now
+            views.close()
 
     def connect(round_choice, layer_choice):
         start.click(on_start, [session_state, *form],

@@ -3,7 +3,9 @@
 :func:`build_app` makes everything one server needs: the
 :class:`~bsi.app.state.JobBoard` (one compression at a time), a ``gr.State``
 holding a fresh :class:`~bsi.app.state.Session` per visitor, and the five
-tabs. Nothing here runs at import; ``app.py`` launches the result.
+tabs, and the :class:`~bsi.app.state.Visitors` map with the ``unload``
+event that stops a leaving visitor's job and frees its models. Nothing here
+runs at import; ``app.py`` launches the result.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 
 from . import chat, compare, compress, inspect, spectra
 from .compress import Form
-from .state import JobBoard, Session
+from .state import JobBoard, Session, Visitors, with_request
 
 TITLE = "bsi: live compression studio"
 
@@ -32,6 +34,7 @@ def build_app(preset: str = "default", sweep_dir: str = "runs/sweep", board: Job
     import gradio as gr
 
     board = board or JobBoard()
+    visitors = Visitors()
     defaults = Form.for_preset(preset)
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"## {TITLE}\nCompress a causal LM with Basis Selection with Importance, watch every round, "
@@ -39,15 +42,22 @@ def build_app(preset: str = "default", sweep_dir: str = "runs/sweep", board: Job
         session_state = gr.State(Session())
         with gr.Tabs():
             with gr.Tab("Compress", id="compress"):
-                tab = compress.render(board, session_state, defaults)
+                tab = compress.render(board, session_state, defaults, visitors)
             with gr.Tab("Inspect", id="inspect"):
                 tab.connect(*inspect.render(session_state))
             with gr.Tab("Spectra", id="spectra"):
-                spectra.render(session_state, tab.form)
+                spectra.render(session_state, tab.form, visitors)
             with gr.Tab("Chat", id="chat") as chat_tab:
-                sizes = chat.render(session_state)
+                sizes = chat.render(session_state, visitors)
             with gr.Tab("Compare", id="compare"):
                 compare.render(sweep_dir)
         chat_tab.select(chat.sizes_text, session_state, sizes)
+
+        @with_request
+        def on_unload(request):  # the tab closed, or a client ended its session
+            visitors.leave(request.session_hash)
+
+        demo.unload(on_unload)
     demo.board = board  # for tests and for app.py's status line
+    demo.visitors = visitors
     return demo

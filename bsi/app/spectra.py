@@ -170,6 +170,8 @@ def source_model(session, form):
     from .compress import build_config
     from .state import LoadedModel
 
+    if session.closed:
+        raise BSIError("this session has ended; reload the page")
     if session.original is not None:
         return session.original
     config = build_config(form)
@@ -229,12 +231,15 @@ def calculator_text(n: int, a: float, lambda1: float, trace: float, e: float, de
     return text
 
 
-def render(session_state, form_components):
+def render(session_state, form_components, visitors=None):
     """Lay out the Spectra tab; ``form_components`` are the Compress tab's inputs (model and data)."""
     import gradio as gr
 
     from . import plots
     from .compress import Form
+    from .state import Visitors, session_hash_of, with_request
+
+    visitors = Visitors() if visitors is None else visitors
 
     gr.Markdown("The exact Hessian of the task loss over one layer's k largest coefficients sigma (double "
                 "backward, one mini-batch), its |eigenvalues| on log-log axes with a least-squares power law, "
@@ -262,7 +267,9 @@ def render(session_state, form_components):
     for component in calc_inputs:
         component.change(calculator_text, calc_inputs, answer)
 
-    def on_list(session, *values):
+    @with_request
+    def on_list(request, session, *values):
+        visitors.register(session_hash_of(request), session)
         try:
             names = layer_names(session, Form(*values))
         except BSIError as err:
@@ -271,7 +278,9 @@ def render(session_state, form_components):
 
     list_button.click(on_list, [session_state, *form_components], [layer, status], concurrency_limit=1)
 
-    def on_compute(session, name, k_value, n_examples, *values):
+    @with_request
+    def on_compute(request, session, name, k_value, n_examples, *values):
+        visitors.register(session_hash_of(request), session)
         try:
             eigenvalues, fit, info = compute(session, Form(*values), name, int(k_value), int(n_examples))
         except BSIError as err:

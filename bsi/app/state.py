@@ -16,6 +16,16 @@ The session holds no threading primitives on purpose: Gradio deep-copies the
 initial state for each new visitor, and locks cannot be copied. The cancel
 flag is a plain boolean, written by the Cancel handler and read by the
 running job between two reports.
+
+A third, :class:`Visitors`, maps Gradio's session hash to the visitor's
+:class:`Session` (weakly), so the server can act when a visitor leaves.
+Gradio itself closes a streaming handler whose client drops its event stream
+or cancels the event (the job's ``finally`` then frees the board), but a
+client that only ends its *session* (a closed ``gradio_client.Client``; a
+browser tab whose heartbeat stops) would otherwise leave the job running to
+its end and the models in memory for the hour Gradio keeps a closed
+session's state. The app's ``unload`` handler calls :meth:`Visitors.leave`,
+which raises the cancel flag and drops the models (:meth:`Session.close`).
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +73,8 @@ class Session:
     original: LoadedModel | None = None
     spectrum_model: LoadedModel | None = None
     chats: dict = field(default_factory=dict)
+    chatting: bool = False
+    closed: bool = False
 
     def reset_run(self) -> None:
         """Forget the previous run (reports and its models) before a new one starts."""
@@ -71,6 +84,19 @@ class Session:
         self.compressed = self.original = None
         self.chats = {}
         self.cancel_requested = False
+        gc.collect()
+
+    def close(self) -> None:
+        """The visitor left: stop its job at the next report and free its models.
+
+        A closed session starts no new job and loads no model; the running
+        job (if any) sees ``cancel_requested`` and frees the board itself.
+        """
+        self.closed = True
+        if self.running:
+            self.cancel_requested = True
+        self.compressed = self.original = self.spectrum_model = None
+        self.chats = {}
         gc.collect()
 
     def add_log(self, line: str) -> None:
@@ -110,3 +136,58 @@ class JobBoard:
         started = f", running for {time.time() - self.since:.0f} s" if self.since else ""
         return (f"Busy: another compression ({self.owner or 'unknown'}{started}) is using this server. "
                 "Only one job runs at a time; press Start again when it has finished.")
+
+
+class Visitors:
+    """The sessions of one server, by Gradio session hash (weak references).
+
+    ``register(hash, session)`` is called by every handler that runs a job or
+    loads a model (they receive the request, hence the hash); ``leave(hash)``
+    by the app's ``unload`` event. Entries vanish with their sessions, so the
+    map never keeps a visitor's models alive.
+    """
+
+    def __init__(self) -> None:
+        self._sessions: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+
+    def register(self, session_hash: str | None, session: Session) -> Session:
+        if session_hash:
+            with self._lock:
+                self._sessions[session_hash] = session
+        return session
+
+    def get(self, session_hash: str) -> Session | None:
+        with self._lock:
+            return self._sessions.get(session_hash)
+
+    def leave(self, session_hash: str | None) -> bool:
+        """Close the session of ``session_hash``; True when there was one."""
+        with self._lock:
+            session = self._sessions.pop(session_hash, None) if session_hash else None
+        if session is None:
+            return False
+        session.close()
+        return True
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+
+def with_request(fn):
+    """Mark ``fn``'s first parameter, ``request``, as a ``gr.Request`` so Gradio passes it.
+
+    Gradio finds the parameter by its type hint; the modules here postpone
+    annotations (and import gradio lazily), so the hint is set on the
+    function object instead.
+    """
+    import gradio as gr
+
+    fn.__annotations__ = {**fn.__annotations__, "request": gr.Request}
+    return fn
+
+
+def session_hash_of(request) -> str | None:
+    """The session hash of a Gradio request (None outside a server, e.g. in direct calls)."""
+    return getattr(request, "session_hash", None)
