@@ -349,25 +349,29 @@ def doc_markdown(obj: Any, title: bool = True) -> str:
         raise BSIError(f"{getattr(obj, '__qualname__', obj)!r} has no docstring")
     out: list[str] = []
     in_code = False
+
+    def close() -> None:
+        while out and not out[-1].strip():
+            out.pop()
+        out.extend(["```", ""])
+
     for line in doc.splitlines():
         if in_code and line.strip() and not line.startswith(" "):
-            out.append("```")
+            close()
             in_code = False
         if in_code:
-            out.append(line[4:] if line.startswith("    ") else line)
+            if line.strip() or out[-1] != "```":  # no blank first line inside the fence
+                out.append(line[4:] if line.startswith("    ") else line)
             continue
         text = line.replace("``", "`")
         if text.rstrip().endswith("::"):
-            out.append(text.rstrip()[:-1])
-            out.append("```")
+            out.extend([text.rstrip()[:-1], "", "```"])
             in_code = True
             continue
         out.append(text)
     if in_code:
-        while out and not out[-1].strip():
-            out.pop()
-        out.append("```")
-    body = "\n".join(out)
+        close()
+    body = "\n".join(out).strip()
     if not title:
         return body
     if inspect.ismodule(obj):
