@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("bsi.cli", "measure accuracy and answer-token loss of a model on a task"),
     "chat": ("bsi.cli", "chat with a model in the terminal"),
     "presets": ("bsi.cli", "print the presets (or one, as a full JSON config)"),
+    "spectrum": ("bsi.spectrum", "measure per-layer Hessian spectra in sigma-space (power-law fit, JSON, HTML)"),
 }
 
 
