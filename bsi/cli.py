@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("bsi.cli", "chat with a model in the terminal"),
     "presets": ("bsi.cli", "print the presets (or one, as a full JSON config)"),
     "spectrum": ("bsi.spectrum", "measure per-layer Hessian spectra in sigma-space (power-law fit, JSON, HTML)"),
+    "sweep": ("bsi.sweep", "compare methods (svd, fwsvd, asvd, basel, bsi-grad, bsi) across target sizes"),
+    "compare": ("bsi.compare", "generate from several models side by side for the same prompts"),
 }
 
 

@@ -269,6 +269,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "compress": {"rounds": 4, "iters_per_epoch": 32, "sampling_ratio": 0.25, "keep_ratio": 0.6},
         "recover": {"steps": 24, "lr": 5e-4, "warmup_steps": 3},
     },
+    # A short comparison sweep of the embedded model on a small shared CPU (one to three minutes
+    # a cell): a few steps in every stage, 24 test examples. Shows trends, not the paper's numbers.
+    "sweep-cpu": {
+        "test_size": 24,
+        "eval_examples": 24,
+        "batch_size": 2,
+        "max_length": 96,
+        "max_new_tokens": 40,
+        "eval_batch_size": 12,
+        "finetune": {"steps": 24, "lr": 2e-4, "warmup_steps": 2},
+        "compress": {"rounds": 2, "iters_per_epoch": 6, "sampling_ratio": 0.34, "keep_ratio": 0.6, "aux_rank": 4},
+        "recover": {"steps": 4, "lr": 5e-4, "warmup_steps": 1},
+    },
     # The paper's scale (GPU): long schedules, many profiling batches.
     "paper": {
         "test_size": 1000,

@@ -21,7 +21,7 @@ from typing import Any
 from .errors import BSIError
 
 #: A folder holding any of these was written by bsi and may be replaced.
-BSI_MARKERS = ("bsi_config.json", "summary.json", "results.jsonl", "spectrum.json", "checkpoint")
+BSI_MARKERS = ("bsi_config.json", "summary.json", "results.jsonl", "spectrum.json", "compare.json", "checkpoint")
 
 
 def _umask() -> int:

@@ -1,0 +1,384 @@
+"""The SVD family of baselines: plain SVD, Fisher-weighted SVD, activation-aware SVD.
+
+Each baseline decides *which rank-k approximation* of a weight ``W`` (out, in)
+to keep, by choosing what error the truncation should be small in:
+
+* **SVD** keeps the top-k singular triplets of ``W``: smallest ``||W - W_k||_F``.
+* **FWSVD** (Fisher-weighted SVD) weights each output row ``i`` by
+  ``d_i = sqrt(sum_j F_ij)``, where ``F_ij`` is the squared gradient of the task
+  loss w.r.t. ``W_ij`` accumulated over task batches (an empirical Fisher
+  diagonal). It truncates ``diag(d) W`` and undoes the weights afterwards, so it
+  minimises ``||diag(d) (W - W_k)||_F``: rows the task is sensitive to are kept
+  more faithfully.
+* **ASVD** (activation-aware SVD) scales each input channel ``j`` by
+  ``s_j = mean|x_j| ** alpha`` measured on calibration batches of the task, and
+  truncates ``W diag(s)``: it minimises ``||(W - W_k) diag(s)||_F``, which
+  approximates the *output* error ``||X (W - W_k)^T||`` on real inputs, where a
+  few large-activation channels dominate.
+
+All three return ``(U, sigma, V)`` with ``W ~= U diag(sigma) V^T`` and the
+weighting undone (``U`` or ``V`` are then no longer orthonormal, which the
+rest of bsi never assumes). :func:`install_bases` writes them into the
+model's :class:`~bsi.layers.BasisLinear` layers and keeps the top-k bases, so
+every baseline goes through *the same* recovery stage (which trains sigma and
+the auxiliary vectors) and the same export and size accounting as BSI.
+
+Rank allocation decides ``k`` per layer: :func:`uniform_ranks` gives every
+layer the same share of its parameters (the usual choice for SVD baselines),
+:func:`sensitivity_ranks` is ASVD's allocation, which spends the budget where
+truncating a layer hurts the loss most. Both land within one basis per layer
+of a target parameter count.
+
+The functions here are pure tensor math; gathering the statistics from a model
+lives in :class:`ActivationStats` and :func:`fisher_information`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .errors import BSIError
+from .layers import BasisLinear
+from .reports import StepReport
+
+# --------------------------------------------------------------------- math
+
+
+def fisher_row_weights(grad_sq: torch.Tensor, floor: float = 1e-6) -> torch.Tensor:
+    """FWSVD row weights ``d_i = sqrt(sum_j F_ij)`` from accumulated squared gradients.
+
+    Args:
+        grad_sq: (out, in) sum over batches of ``(dl/dW)^2`` (empirical Fisher diagonal).
+        floor: rows with (near) zero information get ``floor * max(d)`` so the
+            weighting stays invertible.
+
+    Returns:
+        (out,) positive float32 row weights.
+    """
+    d = grad_sq.float().sum(dim=1).sqrt()  # (out,)
+    top = float(d.max()) if d.numel() else 0.0
+    if not math.isfinite(top) or top <= 0:
+        return torch.ones_like(d)
+    return d.clamp_min(floor * top)
+
+
+def activation_scales(abs_mean: torch.Tensor, alpha: float = 0.5, floor: float = 1e-6) -> torch.Tensor:
+    """ASVD input-channel scales ``s_j = mean|x_j| ** alpha``.
+
+    Args:
+        abs_mean: (in,) mean absolute activation of each input channel.
+        alpha: strength of the scaling (0: plain SVD, 1: full magnitude).
+        floor: channels that never fire get ``floor * max(s)`` (invertibility).
+
+    Returns:
+        (in,) positive float32 scales.
+    """
+    s = abs_mean.float().clamp_min(0).pow(alpha)  # (in,)
+    top = float(s.max()) if s.numel() else 0.0
+    if not math.isfinite(top) or top <= 0:
+        return torch.ones_like(s)
+    return s.clamp_min(floor * top)
+
+
+def weighted_svd(
+    weight: torch.Tensor, row_weights: torch.Tensor | None = None, col_scales: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SVD of ``diag(d) W diag(s)``, with ``d`` and ``s`` folded back out of the factors.
+
+    Truncating the result to its first k triplets gives the rank-k matrix that
+    minimises ``||diag(d) (W - W_k) diag(s)||_F`` (Eckart-Young on the weighted
+    matrix). With no weights it is the plain SVD.
+
+    Args:
+        weight: (out, in) dense weight.
+        row_weights: (out,) positive weights ``d`` or None.
+        col_scales: (in,) positive scales ``s`` or None.
+
+    Returns:
+        ``U`` (out, r), ``sigma`` (r,) descending, ``V`` (in, r), float32, with
+        ``U diag(sigma) V^T == W`` up to rounding and ``r = min(out, in)``.
+    """
+    w = weight.detach().float()  # (out, in)
+    d = row_weights.float().to(w.device) if row_weights is not None else None
+    s = col_scales.float().to(w.device) if col_scales is not None else None
+    if d is not None:
+        w = d[:, None] * w
+    if s is not None:
+        w = w * s[None, :]
+    u, sigma, vh = torch.linalg.svd(w, full_matrices=False)  # (out, r), (r,), (r, in)
+    v = vh.T  # (in, r)
+    if d is not None:
+        u = u / d[:, None]
+    if s is not None:
+        v = v / s[:, None]
+    return u.contiguous(), sigma, v.contiguous()
+
+
+def factor_cost(in_features: int, out_features: int, rank: int, aux_rank: int, bias: bool) -> int:
+    """Exported parameters of a layer with ``rank`` bases: min(factors, dense), plus bias."""
+    extra = out_features if bias else 0
+    return min((rank + aux_rank) * (in_features + out_features), in_features * out_features) + extra
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What rank allocation needs to know about one layer."""
+
+    in_features: int
+    out_features: int
+    max_rank: int
+    aux_rank: int = 0
+    bias: bool = False
+
+    def cost(self, rank: int) -> int:
+        return factor_cost(self.in_features, self.out_features, rank, self.aux_rank, self.bias)
+
+    @property
+    def dense(self) -> int:
+        return self.in_features * self.out_features + (self.out_features if self.bias else 0)
+
+    @classmethod
+    def of(cls, layer: BasisLinear) -> "LayerShape":
+        return cls(layer.in_features, layer.out_features, layer.rank, layer.aux_rank, layer.bias is not None)
+
+
+def _fill_to_budget(shapes: Mapping[str, LayerShape], ranks: dict[str, int], budget: int,
+                    priority: Callable[[str], float]) -> dict[str, int]:
+    """Add one basis at a time (highest ``priority`` first) while the total stays <= budget,
+    then take the single closest total: within one basis of one layer of ``budget``."""
+    total = sum(shapes[n].cost(ranks[n]) for n in shapes)
+    for name in sorted(shapes, key=priority, reverse=True):
+        shape = shapes[name]
+        while ranks[name] < shape.max_rank:
+            step = shape.cost(ranks[name] + 1) - shape.cost(ranks[name])
+            if total + step > budget:
+                break
+            ranks[name] += 1
+            total += step
+    # one more basis somewhere may land closer to the budget than staying under it
+    best, best_gap = None, budget - total
+    for name, shape in shapes.items():
+        if ranks[name] < shape.max_rank:
+            over = total + shape.cost(ranks[name] + 1) - shape.cost(ranks[name]) - budget
+            if 0 <= over < best_gap:
+                best, best_gap = name, over
+    if best is not None:
+        ranks[best] += 1
+    return ranks
+
+
+def uniform_ranks(shapes: Mapping[str, LayerShape], target_ratio: float) -> dict[str, int]:
+    """Ranks giving every layer about the same share ``target_ratio`` of its dense size.
+
+    The common share is the target; rounding leftovers go to the layers whose
+    exact share was cut most, one basis at a time, so the total lands within
+    one basis of one layer of ``target_ratio * dense``.
+    """
+    if not 0 < target_ratio <= 1:
+        raise BSIError(f"target ratio must be in (0, 1], got {target_ratio}")
+    budget = round(target_ratio * sum(s.dense for s in shapes.values()))
+    exact = {n: max(0.0, target_ratio * s.dense / (s.in_features + s.out_features) - s.aux_rank)
+             for n, s in shapes.items()}
+    ranks = {n: min(shapes[n].max_rank, int(exact[n])) for n in shapes}
+    if sum(shapes[n].cost(ranks[n]) for n in shapes) > budget:  # aux vectors alone overshoot: shrink
+        ranks = {n: 0 for n in shapes}
+    return _fill_to_budget(shapes, ranks, budget, priority=lambda n: exact[n] - ranks[n])
+
+
+def sensitivity_ranks(shapes: Mapping[str, LayerShape], target_ratio: float,
+                      sensitivity: Mapping[str, Mapping[float, float]]) -> dict[str, int]:
+    """ASVD's allocation: each layer gets the smallest share whose loss stays under a common threshold.
+
+    Args:
+        shapes: the layers.
+        target_ratio: parameters after / before, over all these layers.
+        sensitivity: ``{layer: {share: loss}}``, the task loss measured with only
+            that layer truncated to that share of its parameters (shares in (0, 1]).
+
+    A threshold ``tau`` on the loss is found by bisection over the measured
+    losses; each layer takes the smallest share with loss <= tau (its full size
+    if none), so sensitive layers keep more. Leftover budget is filled one
+    basis at a time, most sensitive layers first.
+    """
+    if not 0 < target_ratio <= 1:
+        raise BSIError(f"target ratio must be in (0, 1], got {target_ratio}")
+    missing = [n for n in shapes if not sensitivity.get(n)]
+    if missing:
+        raise BSIError(f"no sensitivity measured for layer '{missing[0]}'")
+    budget = round(target_ratio * sum(s.dense for s in shapes.values()))
+
+    def rank_at(shape: LayerShape, share: float) -> int:
+        exact = share * shape.dense / (shape.in_features + shape.out_features) - shape.aux_rank
+        return min(shape.max_rank, max(0, int(exact)))
+
+    def ranks_for(tau: float) -> dict[str, int]:
+        out = {}
+        for n, shape in shapes.items():
+            ok = [share for share, loss in sensitivity[n].items() if loss <= tau]
+            out[n] = rank_at(shape, min(ok)) if ok else shape.max_rank
+        return out
+
+    levels = sorted({loss for table in sensitivity.values() for loss in table.values()})
+    lo, hi = 0, len(levels) - 1  # find the smallest tau whose allocation fits the budget
+    if sum(shapes[n].cost(r) for n, r in ranks_for(levels[hi]).items()) > budget:
+        ranks = {n: 0 for n in shapes}
+    else:
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if sum(shapes[n].cost(r) for n, r in ranks_for(levels[mid]).items()) <= budget:
+                hi = mid
+            else:
+                lo = mid + 1
+        ranks = ranks_for(levels[lo])
+    worst = {n: max(sensitivity[n].values()) for n in shapes}
+    return _fill_to_budget(shapes, ranks, budget, priority=lambda n: worst[n])
+
+
+def install_bases(layer: BasisLinear, u: torch.Tensor, sigma: torch.Tensor, v: torch.Tensor, rank: int) -> None:
+    """Replace ``layer``'s bases by ``(U, sigma, V)`` and keep the first ``rank`` of them.
+
+    Args:
+        u: (out, r) left factors, ``sigma`` (r,) descending, ``v`` (in, r).
+        rank: bases to keep (``0 <= rank <= r``).
+    """
+    if u.shape != layer.U.shape or v.shape != layer.V.shape or sigma.shape != layer.sigma.shape:
+        raise BSIError(f"bases of shape {tuple(u.shape)}/{tuple(v.shape)} do not fit layer {layer.extra_repr()}")
+    with torch.no_grad():
+        layer.U.copy_(u.to(layer.U.dtype))
+        layer.V.copy_(v.to(layer.V.dtype))
+        layer.sigma.copy_(sigma)
+        layer.basis_ids.copy_(torch.arange(sigma.numel(), device=layer.basis_ids.device))
+    layer.keep(torch.arange(rank))
+
+
+# --------------------------------------------------------- model statistics
+
+
+class ActivationStats:
+    """Mean absolute input activation of each channel of some linear layers.
+
+    Use as a context manager around forward passes; padding positions (where
+    :attr:`mask` is 0) are left out. ``abs_mean()`` returns ``{name: (in,)}``.
+    """
+
+    def __init__(self, modules: Mapping[str, nn.Module]) -> None:
+        self.modules = dict(modules)
+        self.sums = {n: torch.zeros(m.in_features) for n, m in self.modules.items()}
+        self.counts = dict.fromkeys(self.modules, 0)
+        self.mask: torch.Tensor | None = None  # (B, T) of the batch being run
+        self._handles: list = []
+
+    def _hook(self, name: str):
+        def hook(module: nn.Module, args: tuple) -> None:
+            x = args[0].detach().float()  # (B, T, in)
+            if self.mask is not None and x.dim() == 3 and x.shape[:2] == self.mask.shape:
+                keep = self.mask.to(x.device).bool()  # (B, T)
+                x = x[keep]  # (N, in)
+            x = x.reshape(-1, x.shape[-1])  # (N, in)
+            self.sums[name] += x.abs().sum(dim=0).cpu()
+            self.counts[name] += x.shape[0]
+        return hook
+
+    def __enter__(self) -> "ActivationStats":
+        self._handles = [m.register_forward_pre_hook(self._hook(n)) for n, m in self.modules.items()]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def abs_mean(self) -> dict[str, torch.Tensor]:
+        return {n: self.sums[n] / max(self.counts[n], 1) for n in self.modules}
+
+
+def activation_statistics(model: nn.Module, modules: Mapping[str, nn.Module], batches: Iterator[dict],
+                          count: int) -> Generator[StepReport, None, dict[str, torch.Tensor]]:
+    """Run ``count`` batches through ``model``, yielding a StepReport each; returns ``{name: mean|x| (in,)}``."""
+    device = next(model.parameters()).device
+    stats = ActivationStats(modules)
+    start = _now()
+    with stats, torch.inference_mode():
+        for step in range(1, count + 1):
+            batch = next(batches)
+            stats.mask = batch.get("attention_mask")
+            mask = stats.mask.to(device) if stats.mask is not None else None
+            model(input_ids=batch["input_ids"].to(device), attention_mask=mask, use_cache=False)
+            yield StepReport("calibrate", step, count, float("nan"), _now() - start)
+    return stats.abs_mean()
+
+
+def fisher_information(model: nn.Module, modules: Mapping[str, nn.Module], batches: Iterator[dict], count: int,
+                       loss_fn: Callable[[nn.Module, dict], torch.Tensor]) -> Generator[StepReport, None, dict[str, torch.Tensor]]:
+    """Sum of squared loss gradients w.r.t. each module's weight over ``count`` batches.
+
+    Yields a StepReport per batch; returns ``{name: (out, in)}``. Only the listed
+    weights get gradients; ``requires_grad`` flags are restored afterwards.
+    Non-finite batches are skipped (and reported so).
+    """
+    flags = {id(p): p.requires_grad for p in model.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for m in modules.values():
+        m.weight.requires_grad_(True)
+    sums = {n: torch.zeros_like(m.weight, dtype=torch.float32) for n, m in modules.items()}
+    start = _now()
+    was_training = model.training
+    model.eval()
+    try:
+        for step in range(1, count + 1):
+            loss = loss_fn(model, next(batches))
+            finite = bool(torch.isfinite(loss))
+            if finite:
+                loss.backward()
+                grads = [m.weight.grad for m in modules.values()]
+                finite = all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
+                if finite:
+                    for n, m in modules.items():
+                        sums[n] += m.weight.grad.float() ** 2
+            for m in modules.values():
+                m.weight.grad = None
+            yield StepReport("calibrate", step, count, float(loss.detach()), _now() - start, skipped=not finite)
+    finally:
+        for p in model.parameters():
+            p.requires_grad_(flags[id(p)])
+        model.train(was_training)
+    return sums
+
+
+def truncation_sensitivity(model: nn.Module, layers: Mapping[str, BasisLinear], shares: Sequence[float],
+                           loss_of: Callable[[], float]) -> Generator[StepReport, None, dict[str, dict[float, float]]]:
+    """ASVD's sensitivity table: the loss with one layer at a time cut to each share of its size.
+
+    ``layers`` already hold the bases to truncate (sorted, most important
+    first). Cutting is done by zeroing sigma beyond the rank and restoring it,
+    so the model is unchanged afterwards. Yields a StepReport per layer;
+    returns ``{name: {share: loss}}``.
+    """
+    table: dict[str, dict[float, float]] = {}
+    start = _now()
+    for step, (name, layer) in enumerate(layers.items(), start=1):
+        shape = LayerShape.of(layer)
+        saved = layer.sigma.detach().clone()
+        row = {}
+        for share in shares:
+            rank = min(shape.max_rank, max(0, int(share * shape.dense / (shape.in_features + shape.out_features)
+                                                  - shape.aux_rank)))
+            with torch.no_grad():
+                layer.sigma[rank:] = 0
+            row[float(share)] = loss_of()
+            with torch.no_grad():
+                layer.sigma.copy_(saved)
+        table[name] = row
+        yield StepReport("sensitivity", step, len(layers), min(row.values()), _now() - start)
+    return table
+
+
+def _now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,105 @@
+"""``bsi compare``: what several models answer to the same prompts, side by side.
+
+Numbers (accuracy, loss) say how much a compressed model lost; reading its
+answers next to the original's says *how* it fails. Each model (a built-in
+name, a model folder, or a folder written by ``bsi compress``) answers every
+prompt greedily with the same new-token budget (deterministic; generation
+stops early only at the end of the model's turn), one model in memory at a
+time. The result is a markdown table (one row per prompt, one column per
+model, sizes in the header) and the same data as JSON.
+
+Prompts file: ``.jsonl`` with a ``question`` (or ``prompt``) field per line,
+or plain text with one prompt per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import BSIError
+from .evaluate import generate_answers
+from .files import atomic_write_json, atomic_write_text, check_output_dir
+from .models import load_model_and_tokenizer
+from .reparam import model_parameters
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """Prompts from a ``.jsonl`` file (``question`` or ``prompt`` field) or a text file (one per line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise BSIError(f"prompts file '{path}' does not exist")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if path.suffix == ".jsonl":
+        prompts = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise BSIError(f"{path} line {number} is not JSON") from None
+            text = row.get("question", row.get("prompt")) if isinstance(row, dict) else None
+            if not isinstance(text, str) or not text.strip():
+                raise BSIError(f"{path} line {number} has no 'question' or 'prompt' text")
+            prompts.append(text.strip())
+    else:
+        prompts = [line.strip() for line in lines]
+    if not prompts:
+        raise BSIError(f"prompts file '{path}' holds no prompt")
+    return prompts
+
+
+def compare_models(models: Sequence[str], prompts: Sequence[str], *, max_new_tokens: int = 64,
+                   device: str = "auto", dtype: str = "auto") -> dict[str, Any]:
+    """Answers of every model to every prompt: ``{"prompts", "models": [{"name", "params", "outputs"}]}``."""
+    from .pipeline import resolve_device, resolve_dtype
+
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    result: dict[str, Any] = {"prompts": list(prompts), "max_new_tokens": max_new_tokens, "models": []}
+    for spec in models:
+        model, tokenizer = load_model_and_tokenizer(spec, dtype=torch_dtype, device=dev)
+        outputs = generate_answers(model, tokenizer, list(prompts), max_new_tokens=max_new_tokens, batch_size=8)
+        result["models"].append({"name": spec, "params": model_parameters(model), "outputs": outputs})
+        del model
+    return result
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", "<br>") or " "
+
+
+def comparison_markdown(result: dict[str, Any]) -> str:
+    """One row per prompt, one column per model (its size in the header)."""
+    head = ["prompt"] + [f"{m['name']} ({m['params'] / 1e6:.2f}M params)" for m in result["models"]]
+    lines = ["| " + " | ".join(_cell(h) for h in head) + " |", "|" + "---|" * len(head)]
+    for i, prompt in enumerate(result["prompts"]):
+        lines.append("| " + " | ".join([_cell(prompt)] + [_cell(m["outputs"][i]) for m in result["models"]]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", required=True, help="comma-separated: model names, folders or bsi output folders")
+    p.add_argument("--prompts", required=True, help=".jsonl (question/prompt field) or text file, one prompt a line")
+    p.add_argument("--out", help="folder for compare.md and compare.json (default: print only)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--device", default="auto"), p.add_argument("--dtype", default="auto")
+
+
+def run(args: argparse.Namespace) -> int:
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models:
+        raise BSIError("--models must name at least one model")
+    if args.max_new_tokens < 1:
+        raise BSIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    prompts = read_prompts(args.prompts)
+    out = check_output_dir(args.out) if args.out else None
+    result = compare_models(models, prompts, max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype)
+    table = comparison_markdown(result)
+    if out is not None:
+        atomic_write_json(out / "compare.json", result)
+        atomic_write_text(out / "compare.md", table)
+    print(table)
+    return 0

@@ -1,0 +1,387 @@
+"""``bsi sweep``: every method at every target size, one table, one figure.
+
+A sweep is a grid of *cells* (method, target ratio). Each cell runs the same
+three-stage pipeline (:class:`~bsi.methods.MethodPipeline`); the task
+fine-tune is cached by hash, so it runs once for the whole grid, and the
+fine-tuned dense model is evaluated once, as the ``dense`` reference row.
+After each cell the compressed model's generation speed is measured against
+the dense model *in the same call* (:mod:`bsi.speed`).
+
+Outputs in ``--out DIR``, all rewritten atomically after every cell:
+
+* ``results.jsonl`` — one JSON object per finished cell (the reference first);
+* ``results.md`` — the markdown table;
+* ``figure.html`` — accuracy and answer-token loss against model size, one
+  line per method (standalone plotly HTML, opens offline).
+
+Resuming: cells already in ``results.jsonl`` are skipped, so an interrupted
+sweep continues where it stopped. Every row records a fingerprint of the
+settings; a folder holding a sweep with other settings is refused rather than
+mixed. Seeds are fixed (``--seed``, recorded), so on CPU the same sweep gives
+the same accuracies and losses (times and speeds vary, of course).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import PipelineConfig, deep_update, make_config
+from .errors import BSIError
+from .evaluate import Metrics
+from .files import atomic_write_text, check_output_dir
+from .methods import ALLOCATIONS, METHODS, BaselineConfig, MethodPipeline, get_method
+from .models import load_model_and_tokenizer
+from .pipeline import Pipeline, Report
+from .reparam import compressible_parameters, model_parameters
+from .reports import DoneReport, StageReport
+from .speed import measure_speeds
+
+DEFAULT_TARGETS = (0.8, 0.6, 0.4, 0.25, 0.15)
+REFERENCE = "dense"
+
+
+@dataclass(frozen=True)
+class CellReport:
+    """One cell of the grid finished (or was found finished: ``skipped``)."""
+
+    index: int  # 1-based position in the grid
+    total: int
+    row: dict
+    skipped: bool = False
+
+
+def cell_key(method: str, target: float) -> str:
+    return f"{method}@{target:g}"
+
+
+def parse_targets(text: str) -> list[float]:
+    """``"0.8,0.6"`` -> [0.8, 0.6]; each in (0, 1], no duplicates."""
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise BSIError(f"--targets must be comma-separated numbers in (0, 1], got '{text}'") from None
+    if not values or not all(0 < v <= 1 for v in values):
+        raise BSIError(f"--targets must be numbers in (0, 1], got '{text}'")
+    if len(set(values)) != len(values):
+        raise BSIError(f"--targets has duplicates: '{text}'")
+    return values
+
+
+def parse_methods(text: str) -> list[str]:
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    if not names:
+        raise BSIError(f"--methods must name at least one of {', '.join(METHODS)}")
+    for name in names:
+        get_method(name)
+    if len(set(names)) != len(names):
+        raise BSIError(f"--methods has duplicates: '{text}'")
+    return names
+
+
+class Sweep:
+    """The grid of (method, target) cells over one model, task and schedule.
+
+    Args:
+        config: the shared pipeline settings (its ``compress`` size mode is
+            replaced per cell by the cell's ``target_ratio``).
+        methods: registered method names.
+        targets: target ratios of the compressible layers' parameters.
+        out_dir: where the three outputs go (new, or a previous sweep to resume).
+        baseline: settings of the SVD-family methods.
+        speed_tokens, speed_repeats: generation-speed measurement (repeats 0: skip it).
+    """
+
+    def __init__(self, config: PipelineConfig, methods: Sequence[str], targets: Sequence[float],
+                 out_dir: str | Path, baseline: BaselineConfig | None = None, *, speed_tokens: int = 32,
+                 speed_repeats: int = 3, cache_dir: str | Path | None = None) -> None:
+        self.config = config
+        self.methods = [get_method(m).name for m in methods]
+        self.targets = list(targets)
+        if not self.methods or not self.targets:
+            raise BSIError("a sweep needs at least one method and one target")
+        if not all(0 < t <= 1 for t in self.targets):
+            raise BSIError(f"targets must be in (0, 1], got {self.targets}")
+        if speed_repeats and speed_tokens < 2:
+            raise BSIError(f"speed_tokens must be >= 2, got {speed_tokens}")
+        self.out_dir = check_output_dir(out_dir)
+        self.baseline = baseline or BaselineConfig()
+        self.speed_tokens, self.speed_repeats = speed_tokens, speed_repeats
+        self.cache_dir = cache_dir
+        self.rows: list[dict] = self._read_rows()
+        self._check_fingerprint()
+
+    # ---------------------------------------------------------------- files
+    @property
+    def results_path(self) -> Path:
+        return self.out_dir / "results.jsonl"
+
+    def fingerprint(self) -> str:
+        """Hash of everything except the grid: rows with another fingerprint belong to another sweep."""
+        settings = {"config": self.config.to_dict() | {"compress": None}, "compress": self._shared_compress(),
+                    "baseline": self.baseline.to_dict(), "version": 1}
+        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _shared_compress(self) -> dict:
+        return {k: v for k, v in self.config.compress.to_dict().items() if k not in ("score", "keep_ratio", "target_ratio")}
+
+    def _read_rows(self) -> list[dict]:
+        if not self.results_path.is_file():
+            return []
+        rows = []
+        for number, line in enumerate(self.results_path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise BSIError(f"{self.results_path} line {number} is not JSON; fix or delete the file to start over") from None
+            rows.append(row)
+        return rows
+
+    def _check_fingerprint(self) -> None:
+        mine = self.fingerprint()
+        for row in self.rows:
+            if row.get("fingerprint") != mine:
+                raise BSIError(
+                    f"'{self.out_dir}' holds a sweep made with other settings (model, data, schedule or seed); "
+                    "use a new --out folder to run this one"
+                )
+
+    def write(self) -> None:
+        """Rewrite results.jsonl, results.md and figure.html from the rows (each atomically)."""
+        atomic_write_text(self.results_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows))
+        atomic_write_text(self.out_dir / "results.md", results_table(self.rows, self.methods))
+        atomic_write_text(self.out_dir / "figure.html", results_figure(self.rows).to_html(include_plotlyjs=True,
+                                                                                           full_html=True))
+
+    # ----------------------------------------------------------------- grid
+    def cells(self) -> list[tuple[str, float]]:
+        """Target-major order (every method at the first target, then the next), so a
+        partial sweep still compares all methods at the targets it reached."""
+        return [(m, t) for t in self.targets for m in self.methods]
+
+    def done(self) -> set[str]:
+        return {cell_key(r["method"], r["target"]) for r in self.rows}
+
+    def config_for(self, method: str, target: float) -> PipelineConfig:
+        comp: dict[str, Any] = {"target_ratio": target, "keep_ratio": None}
+        score = getattr(get_method(method), "score", None)
+        if score is not None:
+            comp["score"] = score
+        return PipelineConfig.from_dict(deep_update(self.config.to_dict(), {"compress": comp}))
+
+    def _row(self, method: str, target: float, summary: dict, speeds: dict) -> dict:
+        after = summary.get("metrics_after") or {}
+        row = {
+            "method": method, "target": target, "fingerprint": self.fingerprint(), "seed": self.config.seed,
+            "params_total": summary["params_after"], "params_before": summary["params_before"],
+            "compression_ratio": summary["params_before"] / summary["params_after"],
+            "compressible_ratio": summary["compressible_ratio"],
+            "accuracy": after.get("accuracy"), "loss": after.get("loss"), "examples": after.get("examples"),
+            "seconds": summary["seconds"],
+        }
+        if speeds:
+            dense, mine = speeds[REFERENCE], speeds["model"]
+            row.update(tokens_per_s=mine.tokens_per_s, ms_per_token=mine.ms_per_token,
+                       dense_tokens_per_s=dense.tokens_per_s, dense_ms_per_token=dense.ms_per_token,
+                       speedup=mine.tokens_per_s / dense.tokens_per_s)
+        return row
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> Iterator[Report | CellReport]:
+        """Run the missing cells; yields every pipeline report and a CellReport per cell."""
+        reference = next((r for r in self.rows if r["method"] == REFERENCE), None)
+        if reference is None:
+            reference = yield from self._reference()
+        finetuned = Metrics(reference["accuracy"], reference["loss"], reference["examples"]) \
+            if reference.get("accuracy") is not None else None
+        speed_model = None
+        if self.speed_repeats:
+            speed_model, speed_tokenizer = self._plain_model()
+        cells = self.cells()
+        for index, (method, target) in enumerate(cells, start=1):
+            if cell_key(method, target) in self.done():
+                row = next(r for r in self.rows if cell_key(r["method"], r["target"]) == cell_key(method, target))
+                yield CellReport(index, len(cells), row, skipped=True)
+                continue
+            pipeline = MethodPipeline(self.config_for(method, target), method, cache_dir=self.cache_dir,
+                                      baseline=self.baseline, finetuned_metrics=finetuned)
+            summary = None
+            for report in pipeline.run():
+                if isinstance(report, DoneReport):
+                    summary = report.summary
+                yield report
+            assert summary is not None
+            speeds = {}
+            if speed_model is not None:
+                yield StageReport("speed", "start", cell_key(method, target))
+                speeds = measure_speeds({REFERENCE: speed_model, "model": pipeline.model}, speed_tokenizer,
+                                        new_tokens=self.speed_tokens, repeats=self.speed_repeats)
+                yield StageReport("speed", "end")
+            row = self._row(method, target, summary, speeds)
+            self.rows.append(row)
+            self.write()
+            yield CellReport(index, len(cells), row)
+
+    def _reference(self) -> Iterator[Report]:
+        """Fine-tune (cached) and evaluate the dense model once: the grid's reference row."""
+        pipeline = Pipeline(self.config, cache_dir=self.cache_dir)
+        yield StageReport("load", "start", self.config.model)
+        pipeline.load()
+        yield StageReport("load", "end")
+        yield from pipeline.finetune_stage()
+        yield from pipeline.evaluate_stage("finetuned")
+        metrics = pipeline.metrics.get("finetuned")
+        params = model_parameters(pipeline.model)
+        now, dense = compressible_parameters(pipeline.model)
+        row = {
+            "method": REFERENCE, "target": 1.0, "fingerprint": self.fingerprint(), "seed": self.config.seed,
+            "params_total": params, "params_before": params, "compression_ratio": 1.0,
+            "compressible_ratio": now / dense, "accuracy": metrics.accuracy if metrics else None,
+            "loss": metrics.loss if metrics else None, "examples": metrics.examples if metrics else None,
+            "seconds": 0.0, "settings": {"config": self.config.to_dict(), "baseline": self.baseline.to_dict(),
+                                         "speed_tokens": self.speed_tokens, "speed_repeats": self.speed_repeats},
+        }
+        self.rows.insert(0, row)
+        self.write()
+        return row
+
+    def _plain_model(self):
+        """The original dense model, the speed reference (weights do not change speed)."""
+        from .pipeline import resolve_device, resolve_dtype
+
+        device = resolve_device(self.config.device)
+        return load_model_and_tokenizer(self.config.model, dtype=resolve_dtype(self.config.dtype, device),
+                                        device=device, cache_dir=self.cache_dir)
+
+
+# ----------------------------------------------------------------- outputs
+def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value * scale, spec)
+
+
+def results_table(rows: Sequence[dict], methods: Sequence[str] | None = None) -> str:
+    """The markdown table of a sweep: reference first, then each method from large to small."""
+    order = {m: i for i, m in enumerate([REFERENCE, *(methods or METHODS)])}
+    ordered = sorted(rows, key=lambda r: (order.get(r["method"], len(order)), -r["target"]))
+    head = ["method", "target", "params (M)", "compression", "compressible kept", "accuracy", "loss",
+            "tokens/s", "ms/token", "speed vs dense", "time (s)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in ordered:
+        lines.append("| " + " | ".join([
+            r["method"], _fmt(r["target"], ".2f"), _fmt(r["params_total"], ".2f", 1e-6),
+            _fmt(r["compression_ratio"], ".2f") + "x", _fmt(r["compressible_ratio"], ".1%"),
+            _fmt(r.get("accuracy"), ".1%"), _fmt(r.get("loss"), ".4f"), _fmt(r.get("tokens_per_s"), ".1f"),
+            _fmt(r.get("ms_per_token"), ".1f"), _fmt(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""),
+            _fmt(r.get("seconds"), ".0f"),
+        ]) + " |")
+    ref = next((r for r in rows if r["method"] == REFERENCE), None)
+    notes = []
+    if ref is not None:
+        cfg = ref.get("settings", {}).get("config", {})
+        notes.append(f"Model `{cfg.get('model')}` on `{cfg.get('data')}`, preset `{cfg.get('preset')}`, "
+                     f"seed {ref.get('seed')}, {ref.get('examples')} test examples.")
+    notes.append("`target`: parameters of the compressible layers after / before; `compression`: whole model "
+                 "before / after; `speed vs dense`: tokens/s of the compressed model / the dense one, measured "
+                 "side by side (greedy, fixed length, batch 1, median).")
+    return "\n".join(notes) + "\n\n" + "\n".join(lines) + "\n"
+
+
+def results_figure(rows: Sequence[dict]):
+    """Accuracy and answer-token loss against model size, one line per method (plotly Figure)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy on the test split", "answer-token loss"))
+    ref = next((r for r in rows if r["method"] == REFERENCE), None)
+    methods = list(dict.fromkeys(r["method"] for r in rows if r["method"] != REFERENCE))
+    for i, method in enumerate(methods):
+        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: -r["params_total"])
+        points = ([ref] if ref is not None else []) + mine
+        x = [r["params_total"] / 1e6 for r in points]
+        text = [f"{r['method']} target {r['target']:g}" for r in points]
+        for col, key, scale in ((1, "accuracy", 100.0), (2, "loss", 1.0)):
+            y = [r[key] * scale if r.get(key) is not None else None for r in points]
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=method, legendgroup=method,
+                                     showlegend=col == 1, text=text, line={"color": _COLORS[i % len(_COLORS)]}),
+                          row=1, col=col)
+    for col in (1, 2):
+        fig.update_xaxes(title_text="model size (M parameters)", autorange="reversed", row=1, col=col)
+    fig.update_yaxes(title_text="accuracy (%)", row=1, col=1)
+    fig.update_yaxes(title_text="loss", row=1, col=2)
+    fig.update_layout(title="Accuracy and loss against model size (each line starts at the fine-tuned dense model)",
+                      template="plotly_white", height=480)
+    return fig
+
+
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#d62728", "#e377c2", "#7f7f7f")
+
+
+# --------------------------------------------------------------------- CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model spec (default: the preset's)")
+    p.add_argument("--data", help="task data (default: the preset's)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument("--targets", default=",".join(f"{t:g}" for t in DEFAULT_TARGETS),
+                   help="comma-separated target ratios of the compressible layers' parameters")
+    p.add_argument("--out", required=True, help="output folder (an existing sweep folder resumes)")
+    p.add_argument("--preset", default="default", help="smoke | default | sweep-cpu | paper (default: default)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--eval-examples", type=int), p.add_argument("--batch-size", type=int)
+    p.add_argument("--finetune-steps", type=int), p.add_argument("--recover-steps", type=int)
+    p.add_argument("--rounds", type=int), p.add_argument("--iters-per-epoch", type=int)
+    p.add_argument("--alpha", type=float, default=0.5, help="ASVD exponent (default 0.5)")
+    p.add_argument("--calibration-batches", type=int, default=8, help="batches for FWSVD/ASVD statistics")
+    p.add_argument("--allocation", default="uniform", choices=ALLOCATIONS, help="rank allocation of the SVD family")
+    p.add_argument("--speed-tokens", type=int, default=32, help="new tokens per speed timing")
+    p.add_argument("--speed-repeats", type=int, default=3, help="speed timings per model (0: skip speed)")
+    p.add_argument("--device"), p.add_argument("--dtype")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def config_from_args(args: argparse.Namespace) -> PipelineConfig:
+    over: dict[str, Any] = {k: getattr(args, k) for k in ("model", "data", "seed", "eval_examples", "batch_size",
+                                                          "device", "dtype") if getattr(args, k) is not None}
+    over["compress"] = {"target_ratio": 1.0}  # replaced per cell
+    for key in ("rounds", "iters_per_epoch"):
+        if getattr(args, key) is not None:
+            over["compress"][key] = getattr(args, key)
+    for stage in ("finetune", "recover"):
+        if getattr(args, f"{stage}_steps") is not None:
+            over[stage] = {"steps": getattr(args, f"{stage}_steps")}
+    return make_config(args.preset, over)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .progress import ProgressPrinter
+
+    sweep = Sweep(config_from_args(args), parse_methods(args.methods), parse_targets(args.targets), args.out,
+                  BaselineConfig(alpha=args.alpha, calibration_batches=args.calibration_batches,
+                                 allocation=args.allocation),
+                  speed_tokens=args.speed_tokens, speed_repeats=args.speed_repeats)
+    printer = ProgressPrinter(enabled=not args.quiet)
+    for report in sweep.run():
+        if isinstance(report, CellReport):
+            printer.close()
+            r = report.row
+            state = "already done" if report.skipped else f"{r['seconds']:.0f} s"
+            acc = f"{100 * r['accuracy']:.1f}%" if r.get("accuracy") is not None else "-"
+            print(f"[{report.index}/{report.total}] {cell_key(r['method'], r['target'])}: {r['params_total']:,} params, "
+                  f"accuracy {acc}, loss {_fmt(r.get('loss'), '.4f')} ({state})", flush=True)
+        else:
+            printer.show(report)
+    printer.close()
+    print((sweep.out_dir / "results.md").read_text(encoding="utf-8"))
+    print(f"wrote {sweep.out_dir / 'results.jsonl'}, results.md and figure.html")
+    return 0
+
+

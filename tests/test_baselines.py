@@ -1,0 +1,155 @@
+"""Baselines: weighted SVD math, rank allocation, and every method through the pipeline."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bsi.baselines import (
+    LayerShape,
+    activation_scales,
+    fisher_row_weights,
+    install_bases,
+    sensitivity_ranks,
+    uniform_ranks,
+    weighted_svd,
+)
+from bsi.config import make_config
+from bsi.errors import BSIError
+from bsi.layers import BasisLinear
+from bsi.methods import METHODS, BaselineConfig, MethodPipeline, get_method
+from bsi.models import load_model_and_tokenizer
+
+
+def truncate(u, s, v, k):
+    return (u[:, :k] * s[:k]) @ v[:, :k].T  # (out, in)
+
+
+def test_full_rank_weighted_svd_reproduces_the_weight():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(24, 40, generator=g)
+    d = torch.rand(24, generator=g) * 10 + 0.1
+    s = torch.rand(40, generator=g) * 10 + 0.1
+    for rows, cols in ((None, None), (d, None), (None, s), (d, s)):
+        u, sigma, v = weighted_svd(w, rows, cols)
+        assert torch.all(sigma[:-1] >= sigma[1:])
+        torch.testing.assert_close(truncate(u, sigma, v, sigma.numel()), w, atol=1e-4, rtol=1e-4)
+
+
+def test_fwsvd_has_lower_fisher_weighted_error_than_svd():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(32, 24, generator=g)
+    d = torch.exp(2 * torch.randn(32, generator=g))  # some rows matter far more to the task
+    grad_sq = (d**2)[:, None].expand(32, 24) / 24  # row sums = d^2
+    rows = fisher_row_weights(grad_sq)
+    torch.testing.assert_close(rows, d, rtol=1e-4, atol=1e-6)
+    for k in (2, 4, 8):
+        plain = truncate(*weighted_svd(w), k)
+        fisher = truncate(*weighted_svd(w, row_weights=rows), k)
+        err_plain = (d[:, None] * (w - plain)).norm()
+        err_fisher = (d[:, None] * (w - fisher)).norm()
+        assert err_fisher < 0.9 * err_plain
+
+
+def test_asvd_has_lower_activation_weighted_output_error_than_svd():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(32, 24, generator=g)
+    channel = torch.exp(1.5 * torch.randn(24, generator=g))  # a few outlier channels, as in LLMs
+    x = torch.randn(512, 24, generator=g) * channel  # (N, in) calibration inputs
+    scales = activation_scales(x.abs().mean(dim=0), alpha=0.5)
+    test = torch.randn(512, 24, generator=g) * channel  # fresh inputs from the same distribution
+    for k in (2, 4, 8):
+        plain = truncate(*weighted_svd(w), k)
+        aware = truncate(*weighted_svd(w, col_scales=scales), k)
+        assert (test @ (w - aware).T).norm() < 0.9 * (test @ (w - plain).T).norm()
+
+
+def test_weights_are_positive_even_for_dead_rows_and_channels():
+    assert fisher_row_weights(torch.zeros(3, 4)).min() > 0
+    rows = fisher_row_weights(torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
+    assert rows.min() > 0 and rows[0] == 1
+    assert activation_scales(torch.tensor([0.0, 4.0])).min() > 0
+
+
+SHAPES = {f"l{i}": LayerShape(i_, o, min(i_, o), aux_rank=4)
+          for i, (i_, o) in enumerate([(576, 576), (576, 192), (576, 1536), (1536, 576), (64, 64)] * 3)}
+
+
+@pytest.mark.parametrize("target", [0.9, 0.6, 0.3, 0.15, 0.05])
+def test_uniform_allocation_hits_the_target_within_one_percent(target):
+    ranks = uniform_ranks(SHAPES, target)
+    dense = sum(s.dense for s in SHAPES.values())
+    total = sum(SHAPES[n].cost(r) for n, r in ranks.items())
+    assert abs(total / dense - target) <= 0.01 * target
+    assert all(0 <= r <= SHAPES[n].max_rank for n, r in ranks.items())
+    shares = [SHAPES[n].cost(r) / SHAPES[n].dense for n, r in ranks.items() if SHAPES[n].in_features > 64]
+    assert max(shares) - min(shares) < 0.05  # uniform: every big layer keeps about the same share
+
+
+def test_sensitivity_allocation_favours_sensitive_layers_and_hits_the_target():
+    shares = (0.1, 0.3, 0.5, 0.7, 0.9)
+    table = {n: {s: (1 - s) * (10.0 if n == "l0" else 1.0) for s in shares} for n in SHAPES}
+    ranks = sensitivity_ranks(SHAPES, 0.4, table)
+    dense = sum(s.dense for s in SHAPES.values())
+    total = sum(SHAPES[n].cost(r) for n, r in ranks.items())
+    assert abs(total / dense - 0.4) <= 0.004
+    assert SHAPES["l0"].cost(ranks["l0"]) / SHAPES["l0"].dense > SHAPES["l5"].cost(ranks["l5"]) / SHAPES["l5"].dense
+    with pytest.raises(BSIError, match="no sensitivity"):
+        sensitivity_ranks(SHAPES, 0.4, {})
+
+
+def test_install_bases_keeps_the_leading_bases():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(12, 8)
+    layer = BasisLinear.from_linear(linear, aux_rank=0)
+    u, s, v = weighted_svd(linear.weight, col_scales=torch.linspace(0.5, 3, 12))
+    install_bases(layer, u, s, v, rank=3)
+    assert layer.rank == 3
+    torch.testing.assert_close(layer.dense_weight(), truncate(u, s, v, 3))
+    with pytest.raises(BSIError):
+        install_bases(layer, u, s, v, rank=2)  # shapes no longer fit the shrunk layer
+
+
+def run_method(name, target, **over):
+    config = make_config("smoke", {"skip_finetune": True, "eval_examples": 0, "recover": {"steps": 0},
+                                   "compress": {"target_ratio": target}, **over})
+    pipeline = MethodPipeline(config, name, baseline=BaselineConfig(calibration_batches=2))
+    *_, done = pipeline.run()
+    return pipeline, done.summary
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_each_method_hits_its_target_size_within_one_percent(name, isolated_cache):
+    pipeline, summary = run_method(name, 0.4)
+    assert summary["method"] == name
+    assert abs(summary["compressible_ratio"] - 0.4) <= 0.004
+    assert summary["params_after"] < summary["params_before"]
+
+
+def test_sensitivity_allocation_through_the_pipeline(isolated_cache):
+    config = make_config("smoke", {"skip_finetune": True, "eval_examples": 0, "recover": {"steps": 0},
+                                   "compress": {"target_ratio": 0.3}})
+    pipeline = MethodPipeline(config, "asvd", baseline=BaselineConfig(allocation="sensitivity", calibration_batches=1,
+                                                                       sensitivity_shares=(0.2, 0.5, 0.8)))
+    *_, done = pipeline.run()
+    assert abs(done.summary["compressible_ratio"] - 0.3) <= 0.003
+    assert len(set(done.summary["ranks"].values())) > 2  # not a uniform allocation
+
+
+@pytest.mark.parametrize("name", ["svd", "fwsvd", "asvd"])
+def test_full_rank_baselines_reproduce_the_model(name, isolated_cache):
+    original, tokenizer = load_model_and_tokenizer("tiny-random-llama")
+    pipeline, summary = run_method(name, 1.0, compress={"target_ratio": 1.0, "aux_rank": 0})
+    ids = tokenizer("Tom has 3 apples.", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(pipeline.model(ids).logits, original(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_svd_family_needs_a_target_and_unknown_methods_are_named(isolated_cache):
+    config = make_config("smoke", {"skip_finetune": True, "eval_examples": 0})
+    with pytest.raises(BSIError, match="target size"):
+        list(MethodPipeline(config, "svd").run())
+    with pytest.raises(BSIError, match="unknown method 'pca'.*svd, fwsvd, asvd, basel, bsi-grad, bsi"):
+        get_method("pca")
+    with pytest.raises(BSIError, match="allocation"):
+        BaselineConfig(allocation="greedy")
