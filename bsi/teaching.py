@@ -13,7 +13,8 @@ API lives here, as small functions with tests:
   :func:`exact_hessian` (double backward, the ground truth) and
   :func:`single_probe_estimates` (the method's symmetric-perturbation
   estimator, one row per Rademacher probe);
-* pruning history: :func:`rank_history`, :func:`layer_kind`, :func:`block_index`;
+* pruning history and comparisons: :func:`rank_history`, :func:`layer_kind`,
+  :func:`block_index`, :func:`summary_row`;
 * :func:`doc_markdown`: a docstring as Markdown, so notebooks quote the code's
   own explanations instead of copies that drift.
 """
@@ -68,7 +69,9 @@ class NotebookSettings:
     recover: dict = field(default_factory=lambda: {"steps": 8, "lr": 5e-4, "warmup_steps": 1})
     spectrum_k: int = 32  # notebook 04: size of each layer's exact Hessian block
     spectrum_layers: int = 3  # notebook 04: layers whose spectrum is computed
-    sweep_targets: tuple[float, ...] = (0.8, 0.6)  # notebook 05: target sizes of the sweep
+    sweep_targets: tuple[float, ...] = (0.7, 0.5)  # notebook 05: target sizes of the sweep
+    sweep_methods: tuple[str, ...] = ("svd", "basel", "bsi")  # notebook 05: methods compared
+    sweep_compress: dict = field(default_factory=lambda: {"rounds": 2, "iters_per_epoch": 8, "sampling_ratio": 0.5})
     chat_prompts: tuple[str, ...] = (
         "Tom has 12 apples and buys 7 more. How many apples does he have now?",
         "A book costs 8 dollars. How much do 3 books cost?",
@@ -91,6 +94,8 @@ TINY_SETTINGS = NotebookSettings(
     compress={"rounds": 2, "iters_per_epoch": 8, "sampling_ratio": 0.5, "keep_ratio": 0.5, "aux_rank": 2},
     recover={"steps": 2, "lr": 1e-3, "warmup_steps": 0},
     spectrum_k=8, spectrum_layers=2, sweep_targets=(0.7,),
+    sweep_methods=("svd", "fwsvd", "asvd", "basel", "bsi-grad", "bsi"),
+    sweep_compress={"rounds": 2, "iters_per_epoch": 4, "sampling_ratio": 0.5},
 )
 
 
@@ -322,6 +327,23 @@ def loss_change_when_dropped(model: nn.Module, layer: BasisLinear, batches: Sequ
             with shifted_sigma([layer], [delta]):
                 changes[n] = sum(float(loss_fn(model, b)) - l0 for b, l0 in zip(batches, base)) / len(batches)
     return changes
+
+
+def summary_row(method: str, target: float, summary: Mapping[str, Any]) -> dict[str, Any]:
+    """One row of a comparison, in the schema of ``bsi sweep``'s ``results.jsonl``, from a pipeline summary.
+
+    ``bsi.sweep.results_table`` and ``results_figure`` draw a list of such
+    rows; the dense reference row is ``summary_row("dense", 1.0, ...)`` with
+    equal sizes before and after.
+    """
+    metrics = summary.get("metrics_after") or {}
+    return {
+        "method": method, "target": target, "params_total": summary["params_after"],
+        "params_before": summary["params_before"],
+        "compression_ratio": summary["params_before"] / summary["params_after"],
+        "compressible_ratio": summary["compressible_ratio"], "accuracy": metrics.get("accuracy"),
+        "loss": metrics.get("loss"), "examples": metrics.get("examples"), "seconds": summary.get("seconds", 0.0),
+    }
 
 
 # ------------------------------------------------------------ pruning history

@@ -22,6 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 from IPython.display import HTML, Markdown, display
+from transformers.utils import logging as hf_logging
 from plotly.subplots import make_subplots
 
 from bsi import CompressConfig, Pipeline, make_config
@@ -42,6 +43,7 @@ display(Markdown(doc_markdown(CompressConfig)))
 # a second run of this notebook skips it.
 
 # %%
+hf_logging.disable_progress_bar()  # no loading bars between the results
 settings = notebook_settings()
 start = time.perf_counter()
 torch.manual_seed(0)
