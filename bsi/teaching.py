@@ -59,9 +59,10 @@ class NotebookSettings:
     test_size: int = 32
     eval_examples: int = 16
     max_new_tokens: int = 48
-    exact_positions: int = 16  # bases whose exact Hessian diagonal notebook 02 computes
-    probes: int = 32  # single-probe estimates drawn in notebook 02
-    profile_batches: int = 4  # mini-batches averaged for E[g] and E[h]
+    exact_positions: int = 12  # bases whose exact Hessian diagonal notebook 02 computes
+    probes: int = 16  # single-probe estimates drawn in notebook 02
+    profile_batches: int = 2  # notebook 02: mini-batches averaged for E[g] and E[h]
+    profile_batch_size: int = 2  # notebook 02: examples per mini-batch (gradients of the whole model: keep small)
     eps_values: tuple[float, ...] = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 0.5)
     finetune: dict = field(default_factory=lambda: {"steps": 40, "lr": 2e-4, "warmup_steps": 4})
     compress: dict = field(default_factory=lambda: {
@@ -89,7 +90,7 @@ class NotebookSettings:
 
 TINY_SETTINGS = NotebookSettings(
     model=TINY_MODEL, quick=True, batch_size=4, max_length=96, test_size=8, eval_examples=4,
-    max_new_tokens=12, exact_positions=8, probes=16, profile_batches=2,
+    max_new_tokens=12, exact_positions=8, probes=16, profile_batches=2, profile_batch_size=4,
     finetune={"steps": 4, "lr": 1e-3, "warmup_steps": 0},
     compress={"rounds": 2, "iters_per_epoch": 8, "sampling_ratio": 0.5, "keep_ratio": 0.5, "aux_rank": 2},
     recover={"steps": 2, "lr": 1e-3, "warmup_steps": 0},
@@ -240,15 +241,24 @@ def capture_inputs(model: nn.Module, name: str, batch: dict) -> torch.Tensor:
 
 @torch.no_grad()
 def model_sigma_max(model: nn.Module) -> float:
-    """The largest singular value over the compressible linear layers (the eps rule's ``sigma_max``)."""
-    from .reparam import basis_layers, compressible_linear_names
+    """The largest singular value over all compressible layers (the eps rule's ``sigma_max``).
 
-    converted = basis_layers(model)
-    if converted:
-        return max(float(layer.sigma.abs().max()) for layer in converted.values() if layer.rank)
+    Layers already in Basel form contribute their largest ``|sigma|``, dense
+    ones their spectral norm, so the value does not depend on how many layers
+    have been converted.
+    """
+    from .reparam import compressible_linear_names
+
+    values = []
     modules = dict(model.named_modules())
-    return max(float(torch.linalg.matrix_norm(modules[n].weight.float(), ord=2))
-               for n in compressible_linear_names(model))
+    for name, module in modules.items():
+        if isinstance(module, BasisLinear) and module.rank:
+            values.append(float(module.sigma.abs().max()))
+    for name in compressible_linear_names(model):
+        values.append(float(torch.linalg.matrix_norm(modules[name].weight.float(), ord=2)))
+    if not values:
+        raise BSIError(f"{type(model).__name__} has no linear layer")
+    return max(values)
 
 
 # --------------------------------------------------- derivatives in sigma

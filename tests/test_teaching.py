@@ -46,9 +46,9 @@ def test_settings_follow_the_environment_variable():
     assert notebook_settings({}).model == EMBEDDED_MODEL and not notebook_settings({}).quick
     assert notebook_settings({NOTEBOOK_MODEL_ENV: "embedded"}).model == EMBEDDED_MODEL
     tiny = notebook_settings({NOTEBOOK_MODEL_ENV: TINY_MODEL})
-    assert tiny.model == TINY_MODEL and tiny.quick and tiny.probes < notebook_settings({}).probes
+    assert tiny.model == TINY_MODEL and tiny.quick and tiny.spectrum_k < notebook_settings({}).spectrum_k
     other = notebook_settings({NOTEBOOK_MODEL_ENV: "/some/folder"})
-    assert other.model == "/some/folder" and other.probes == notebook_settings({}).probes
+    assert other.model == "/some/folder" and other.spectrum_k == notebook_settings({}).spectrum_k
     overrides = tiny.pipeline_overrides()
     assert overrides["model"] == TINY_MODEL and overrides["compress"]["rounds"] == tiny.compress["rounds"]
 
@@ -110,6 +110,8 @@ def test_model_sigma_max_is_the_largest_singular_value_before_and_after_conversi
     model = make_tiny_llama()
     expected = max(float(torch.linalg.svdvals(model.get_submodule(n).weight.detach()).max())
                    for n in compressible_linear_names(model))
+    assert model_sigma_max(model) == pytest.approx(expected, rel=1e-5)
+    convert_layer(model, LAYER)  # one layer in Basel form, the others dense: still the model-wide maximum
     assert model_sigma_max(model) == pytest.approx(expected, rel=1e-5)
     to_basis_form(model)
     assert model_sigma_max(model) == pytest.approx(expected, rel=1e-5)

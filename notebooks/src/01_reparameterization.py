@@ -24,6 +24,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 from IPython.display import Markdown, display
+from transformers.utils import logging as hf_logging
 from plotly.subplots import make_subplots
 
 import bsi.layers
@@ -34,6 +35,7 @@ from bsi.reparam import compressible_linear_names, compressible_parameters, mode
 from bsi.teaching import (basel_form_error, break_even_rank, capture_inputs, doc_markdown, factor_cost,
                           notebook_settings, rank_table)
 
+hf_logging.disable_progress_bar()  # no loading bars between the results
 settings = notebook_settings()
 start = time.perf_counter()
 model, tokenizer = load_model_and_tokenizer(settings.model)

@@ -28,6 +28,7 @@ import time
 import plotly.graph_objects as go
 import torch
 from IPython.display import Markdown, display
+from transformers.utils import logging as hf_logging
 from plotly.subplots import make_subplots
 
 from bsi.config import CompressConfig
@@ -41,12 +42,14 @@ from bsi.reparam import compressible_linear_names
 from bsi.teaching import (convert_layer, doc_markdown, exact_hessian, loss_change_when_dropped, mean_gradient,
                           model_sigma_max, notebook_settings, single_probe_estimates)
 
+hf_logging.disable_progress_bar()  # no loading bars between the results
 settings = notebook_settings()
 start = time.perf_counter()
 # eager attention: the exact Hessian below needs double backward, which fused attention kernels lack
 model, tokenizer = load_model_and_tokenizer(settings.model, attn_implementation="eager")
 task = load_task("embedded-math", test_size=settings.test_size)
-stream = BatchStream(task.train, tokenizer, batch_size=settings.batch_size, max_length=settings.max_length, seed=2)
+stream = BatchStream(task.train, tokenizer, batch_size=settings.profile_batch_size, max_length=settings.max_length,
+                     seed=2)
 batches = [next(stream) for _ in range(settings.profile_batches)]
 loss_fn = answer_token_loss  # mean cross-entropy of the answer tokens: the loss everything here refers to
 print(f"{settings.model}; {len(batches)} mini-batches of {tuple(batches[0]['input_ids'].shape)} tokens")
@@ -171,8 +174,10 @@ fig.show()
 # **eps.** Fix one probe `z` and vary `eps`. The exact target is `z * (H z)`. Too
 # small an `eps` and the two gradients differ by less than float32 can resolve
 # (round-off error grows like `1/eps`); too large and the third-order Taylor
-# terms show up (error grows like `eps^2`). The rule aims at the left edge of the
-# flat valley: rounding at most `alpha = 1%` of `eps` for the largest sigma.
+# terms show up (error grows like `eps^2`). The rule only guards the first side,
+# and conservatively: it asks that rounding stay within `alpha = 1%` of `eps` for
+# the *largest* sigma in the model, whatever the layer; `eps_max = 0.1` caps the
+# other side. The curve shows where this layer's valley actually lies.
 
 # %%
 zk = probe_vector(layer.rank, positions, torch.Generator().manual_seed(7))[positions].double()  # (k,) one fixed z

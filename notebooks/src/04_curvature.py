@@ -23,6 +23,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 from IPython.display import Markdown, display
+from transformers.utils import logging as hf_logging
 
 import bsi.theory
 from bsi.data import BatchStream, load_task
@@ -46,6 +47,7 @@ display(Markdown(doc_markdown(bsi.theory)))
 # a double backward is cheapest; `bsi spectrum --layers ...` measures any other.
 
 # %%
+hf_logging.disable_progress_bar()  # no loading bars between the results
 settings = notebook_settings()
 start = time.perf_counter()
 model, tokenizer = load_model_and_tokenizer(settings.model, attn_implementation="eager")
