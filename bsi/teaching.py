@@ -70,7 +70,7 @@ class NotebookSettings:
     recover: dict = field(default_factory=lambda: {"steps": 8, "lr": 5e-4, "warmup_steps": 1})
     spectrum_k: int = 32  # notebook 04: size of each layer's exact Hessian block
     spectrum_layers: int = 3  # notebook 04: layers whose spectrum is computed
-    sweep_targets: tuple[float, ...] = (0.7, 0.5)  # notebook 05: target sizes of the sweep
+    sweep_targets: tuple[float, ...] = (0.6,)  # notebook 05: target sizes (bsi sweep runs the full grid)
     sweep_methods: tuple[str, ...] = ("svd", "basel", "bsi")  # notebook 05: methods compared
     sweep_compress: dict = field(default_factory=lambda: {"rounds": 2, "iters_per_epoch": 8, "sampling_ratio": 0.5})
     chat_prompts: tuple[str, ...] = (
