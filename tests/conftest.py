@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -21,6 +23,21 @@ def isolated_cache(tmp_path, monkeypatch):
     """A private BSI_CACHE (fine-tune cache, tiny-model artefacts) for one test."""
     monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+@contextmanager
+def smoke_app(tmp_path, monkeypatch):
+    """The dashboard on the smoke preset, served in-process on 127.0.0.1 (closed afterwards)."""
+    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+    from bsi.app import build_app
+
+    demo = build_app(preset="smoke")
+    demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
+    try:
+        yield demo
+    finally:
+        demo.close()
 
 
 def make_tiny_llama(tied: bool = False, vocab: int = 97, seed: int = 0) -> LlamaForCausalLM:

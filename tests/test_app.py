@@ -14,6 +14,7 @@ from dataclasses import astuple
 
 import plotly.graph_objects as go
 import pytest
+from conftest import smoke_app
 import torch
 
 from bsi.app import chat, compare, inspect, plots, spectra
@@ -287,16 +288,8 @@ def test_plot_builders_on_empty_and_real_data(finished):
 # ------------------------------------------------------------------ server
 @pytest.fixture
 def server(tmp_path, monkeypatch):
-    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
-    from bsi.app import build_app
-
-    demo = build_app(preset="smoke")
-    demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
-    try:
+    with smoke_app(tmp_path, monkeypatch) as demo:
         yield demo
-    finally:
-        demo.close()
 
 
 def test_server_streams_rounds_and_chats(server):

@@ -4,7 +4,7 @@ Opens the app built on the smoke preset, clicks Start with nothing changed,
 waits for two rounds, opens Inspect and Chat and checks what they show.
 Screenshots go to ``artifacts/`` (git-ignored) as test artifacts:
 
-* ``compress-running.png``: the Compress tab after round 2/2 streamed in;
+* ``compress-running.png``: the Compress tab once a round has streamed in;
 * ``compress-done.png``: the finished run (loss curve, parameters, rank heatmap, log);
 * ``inspect.png``: round 2 of the first layer, figure and sortable table;
 * ``chat.png``: both models' replies side by side with their sizes.
@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import smoke_app
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -24,16 +25,8 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 @pytest.fixture
 def app_url(tmp_path, monkeypatch):
-    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
-    from bsi.app import build_app
-
-    demo = build_app(preset="smoke")
-    demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
-    try:
+    with smoke_app(tmp_path, monkeypatch) as demo:
         yield demo.local_url
-    finally:
-        demo.close()
 
 
 @pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="chromium missing: run `make chromium` (apt-get, as root)")
@@ -50,11 +43,14 @@ def test_browser_start_inspect_chat(app_url):
             expect(page.locator("#job-status")).to_contain_text("press Start")
             page.locator("#start-button").click()
             status = page.locator("#job-status")
-            expect(status).to_contain_text("round 1/2", timeout=120_000)
-            expect(status).to_contain_text("round 2/2", timeout=120_000)
+            # The smoke run is seconds long: a round's status may be replaced before the next poll,
+            # so the live screenshot waits for any finished round and the log proves both streamed.
+            expect(status).to_contain_text(re.compile(r"round [12]/2|Done"), timeout=120_000)
             page.screenshot(path=str(ARTIFACTS / "compress-running.png"), full_page=True)
             expect(status).to_contain_text("Done", timeout=120_000)
-            expect(page.locator("#job-log textarea")).to_have_value(re.compile(r"round 2/2: pruned \d+ bases"))
+            log = page.locator("#job-log textarea")
+            expect(log).to_have_value(re.compile(r"round 1/2: pruned \d+ bases"))
+            expect(log).to_have_value(re.compile(r"round 2/2: pruned \d+ bases"))
             page.screenshot(path=str(ARTIFACTS / "compress-done.png"), full_page=True)
 
             page.get_by_role("tab", name="Inspect").click()

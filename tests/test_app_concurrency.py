@@ -25,6 +25,7 @@ import time
 from dataclasses import astuple
 
 import pytest
+from conftest import smoke_app
 import torch
 
 from bsi.app.compress import Form, run_job
@@ -36,18 +37,10 @@ SMOKE = astuple(Form.for_preset("smoke"))
 
 @pytest.fixture
 def server(tmp_path, monkeypatch):
-    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
     monkeypatch.setenv("GRADIO_HEARTBEAT_INTERVAL", "0.5")  # notice a closed client within a second
     torch.set_num_threads(1)
-    from bsi.app import build_app
-
-    demo = build_app(preset="smoke")
-    demo.queue().launch(server_name="127.0.0.1", prevent_thread_lock=True, quiet=True)
-    try:
+    with smoke_app(tmp_path, monkeypatch) as demo:
         yield demo
-    finally:
-        demo.close()
 
 
 def client(demo):
