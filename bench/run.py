@@ -17,7 +17,7 @@ Sections (each ratio's baseline is timed in the same run, interleaved with it):
 * ``inference``: greedy generation tokens/s of models exported at 2x and 4x
   compression of the compressible layers, against the original.
 * ``memory``: peak resident memory of a compression run against dense
-  fine-tuning, each in its own subprocess (``ru_maxrss``).
+  fine-tuning, each in its own subprocess (``VmHWM``, the peak RSS of its own address space).
 * ``preset``: wall time of the ``default`` preset, estimated from the measured
   step costs (and measured end to end with ``--preset-run``).
 """
@@ -241,12 +241,29 @@ def bench_inference(dense, tokenizer, repeats: int, new_tokens: int, batch_size:
     }
 
 
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process so far, in MiB.
+
+    Linux's ``VmHWM`` belongs to the current address space, so it starts afresh
+    at ``exec``; ``ru_maxrss`` does not (it keeps the forking parent's peak),
+    which would credit a worker with the memory of the benchmark that spawned it.
+    """
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def memory_worker(kind: str, batch_size: int, max_length: int, steps: int) -> None:
     """Run in a fresh process: load, do ``kind`` for a few steps, print peak RSS (MiB) as JSON."""
     torch.set_num_threads(2)
     dense, tok = load_embedded()
     batches = real_batches(tok, batch_size, max_length, steps)
-    loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    loaded = peak_rss_mib()
     if kind == "dense_finetune":
         step = dense_step_fn(dense)
         for b in batches:
@@ -255,7 +272,7 @@ def memory_worker(kind: str, batch_size: int, max_length: int, steps: int) -> No
         config = CompressConfig(aux_rank=8, keep_ratio=0.6, rounds=1, iters_per_epoch=steps, sampling_ratio=0.5)
         for _ in Compressor(dense, iter(batches), config, answer_token_loss).run():
             pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_mib()
     print(json.dumps({"kind": kind, "peak_mib": peak, "after_load_mib": loaded}))
 
 
