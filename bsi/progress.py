@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 from tqdm.auto import tqdm
@@ -31,7 +32,10 @@ class ProgressPrinter:
                 self.bar_stage = stage
             if self.bar is not None:
                 self.bar.update(1)
-                self.bar.set_postfix_str(f"{report.stage} loss {report.loss:.4f}" + (" (skipped)" if report.skipped else ""))
+                if math.isnan(report.loss) and not report.skipped:  # a forward-only step (e.g. ASVD's statistics)
+                    self.bar.set_postfix_str(report.stage)
+                else:
+                    self.bar.set_postfix_str(f"{report.stage} loss {report.loss:.4f}" + (" (skipped)" if report.skipped else ""))
         elif isinstance(report, RoundReport):
             ranks = sum(layer.rank_after for layer in report.layers)
             self._write(

@@ -44,13 +44,14 @@ class StepReport(_Report):
     ``stage`` is one of ``"finetune"`` (stage 1, dense task fine-tuning),
     ``"train"`` (stage 2, tuning sigma and auxiliary vectors between prunings),
     ``"profile"`` (stage 2, gradient/Hessian statistics, no update) and
-    ``"recover"`` (stage 3, fine-tuning the compressed model).
+    ``"recover"`` (stage 3, fine-tuning the compressed model); the baselines
+    add ``"calibrate"`` (FWSVD's gradients, ASVD's activation statistics).
     """
 
     stage: str
     step: int  # 1-based position within the stage
     total_steps: int
-    loss: float  # answer-token cross-entropy on this mini-batch
+    loss: float  # answer-token cross-entropy on this mini-batch (NaN for a forward-only step, e.g. "calibrate" of ASVD)
     elapsed: float  # seconds since the stage started
     skipped: bool = False  # True when the batch gave a non-finite loss/gradient and was ignored
 

@@ -62,3 +62,21 @@ def test_model_folder_without_linear_layers(tmp_path, capsys, monkeypatch):
     build_tiny_tokenizer().save_pretrained(tmp_path / "gpt2")
     assert main(["compress", *SMOKE, "--model", str(tmp_path / "gpt2"), "--out", str(tmp_path / "o")]) == 2
     assert "no linear layers" in capsys.readouterr().err
+
+
+def test_progress_bar_names_forward_only_steps_without_a_nan_loss():
+    """ASVD's calibration runs forward only: its bar shows the stage, not 'loss nan'."""
+    import io
+
+    from bsi.progress import ProgressPrinter
+    from bsi.reports import StepReport
+
+    stream = io.StringIO()
+    printer = ProgressPrinter(stream=stream)
+    printer.show(StepReport("calibrate", 1, 2, float("nan"), 0.1))
+    assert printer.bar.postfix == "calibrate"
+    printer.show(StepReport("recover", 1, 2, 0.5, 0.1))
+    assert printer.bar.postfix == "recover loss 0.5000"
+    printer.show(StepReport("recover", 2, 2, float("nan"), 0.2, skipped=True))
+    assert printer.bar.postfix == "recover loss nan (skipped)"
+    printer.close()
