@@ -169,7 +169,8 @@ class Compressor:
         if loss.requires_grad:
             loss.backward()
         grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-        finite = bool(torch.isfinite(loss)) and all(bool(torch.isfinite(g).all()) for g in grads)
+        checks = [torch.isfinite(loss).all()] + [torch.isfinite(g).all() for g in grads]
+        finite = bool(torch.stack(checks).all())  # one host-device sync, not one per tensor
         if finite:
             self.optimizer.step()
             self._round_losses.append(float(loss.detach()))
