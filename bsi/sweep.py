@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import PipelineConfig, deep_update, make_config
+from .config import CompressConfig, PipelineConfig, deep_update, make_config
 from .errors import BSIError
 from .evaluate import Metrics
 from .files import atomic_write_text, check_output_dir
@@ -290,10 +290,22 @@ def results_table(rows: Sequence[dict], methods: Sequence[str] | None = None) ->
         cfg = ref.get("settings", {}).get("config", {})
         notes.append(f"Model `{cfg.get('model')}` on `{cfg.get('data')}`, preset `{cfg.get('preset')}`, "
                      f"seed {ref.get('seed')}, {ref.get('examples')} test examples.")
+        if cfg.get("compress"):
+            notes.append(schedule_note(cfg))
     notes.append("`target`: parameters of the compressible layers after / before; `compression`: whole model "
                  "before / after; `speed vs dense`: tokens/s of the compressed model / the dense one, measured "
                  "side by side (greedy, fixed length, batch 1, median).")
     return "\n".join(notes) + "\n\n" + "\n".join(lines) + "\n"
+
+
+def schedule_note(config: dict) -> str:
+    """One sentence on the engine methods' schedule and the recovery stage of a sweep's config dict."""
+    comp = CompressConfig.from_dict(config["compress"])
+    eps = "the dtype's rule" if comp.eps is None else f"{comp.eps:g}"
+    return (f"Engine methods (basel, bsi-grad, bsi): {comp.rounds} rounds of {comp.round_length} iterations, the last "
+            f"{comp.profiling_iters} of each profiling with {comp.probes_per_batch} probe(s) per batch "
+            f"({comp.probe_scope} scope, {comp.hessian_method}, eps {eps}); every method: "
+            f"{config['recover']['steps']} recovery steps.")
 
 
 def results_figure(rows: Sequence[dict]):
@@ -338,7 +350,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--eval-examples", type=int), p.add_argument("--batch-size", type=int)
     p.add_argument("--finetune-steps", type=int), p.add_argument("--recover-steps", type=int)
+    p.add_argument("--config", help="a JSON PipelineConfig file as the base instead of --preset (flags override it)")
     p.add_argument("--rounds", type=int), p.add_argument("--iters-per-epoch", type=int)
+    p.add_argument("--probes", type=int, dest="probes_per_batch", help="Hessian probes per profiling batch")
+    p.add_argument("--sampling-ratio", type=float, help="SamplingIterRatio: share of each round used for profiling")
+    p.add_argument("--eps", type=float, help="perturbation intensity in (0, 1) (default: the rule for the dtype)")
+    p.add_argument("--gamma", type=float, help="candidate-pool exponent")
+    p.add_argument("--probe-scope", help="model | layer")
+    p.add_argument("--hessian-method", help="fd | hvp")
+    p.add_argument("--center-gradient", help="exact | average")
+    p.add_argument("--aux-rank", type=int, help="auxiliary vectors per layer")
     p.add_argument("--alpha", type=float, default=0.5, help="ASVD exponent (default 0.5)")
     p.add_argument("--calibration-batches", type=int, default=8, help="batches for FWSVD/ASVD statistics")
     p.add_argument("--allocation", default="uniform", choices=ALLOCATIONS, help="rank allocation of the SVD family")
@@ -348,16 +369,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
+#: Flags of ``bsi sweep`` that set CompressConfig fields shared by every cell.
+SWEEP_COMPRESS_FLAGS = ("rounds", "iters_per_epoch", "probes_per_batch", "sampling_ratio", "eps", "gamma",
+                        "probe_scope", "hessian_method", "center_gradient", "aux_rank")
+
+
 def config_from_args(args: argparse.Namespace) -> PipelineConfig:
+    """The sweep's shared PipelineConfig: ``--config`` file or ``--preset``, then the flags given."""
     over: dict[str, Any] = {k: getattr(args, k) for k in ("model", "data", "seed", "eval_examples", "batch_size",
                                                           "device", "dtype") if getattr(args, k) is not None}
-    over["compress"] = {"target_ratio": 1.0}  # replaced per cell
-    for key in ("rounds", "iters_per_epoch"):
-        if getattr(args, key) is not None:
+    over["compress"] = {"target_ratio": 1.0, "keep_ratio": None}  # the target is replaced per cell
+    for key in SWEEP_COMPRESS_FLAGS:
+        if getattr(args, key, None) is not None:
             over["compress"][key] = getattr(args, key)
     for stage in ("finetune", "recover"):
         if getattr(args, f"{stage}_steps") is not None:
             over[stage] = {"steps": getattr(args, f"{stage}_steps")}
+    if getattr(args, "config", None):
+        return PipelineConfig.from_dict(deep_update(PipelineConfig.from_json(args.config).to_dict(), over))
     return make_config(args.preset, over)
 
 

@@ -94,6 +94,22 @@ def test_compare_writes_one_column_per_model(tmp_path, isolated_cache, capsys):
     assert "What is 2 + 3?" in capsys.readouterr().out
 
 
+def test_sweep_flags_and_config_file_set_the_shared_schedule(tmp_path, isolated_cache):
+    base = tiny_config(test_size=4)
+    base.compress.rounds = 1
+    config_file = tmp_path / "base.json"
+    config_file.write_text(base.to_json())
+    out = tmp_path / "s"
+    assert main(["sweep", "--config", str(config_file), "--methods", "bsi", "--targets", "0.6", "--probes", "3",
+                 "--sampling-ratio", "0.5", "--speed-repeats", "0", "--calibration-batches", "1", "--quiet",
+                 "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    compress = rows[0]["settings"]["config"]["compress"]
+    assert (compress["rounds"], compress["probes_per_batch"], compress["sampling_ratio"]) == (1, 3, 0.5)
+    assert rows[1]["method"] == "bsi" and abs(rows[1]["compressible_ratio"] - 0.6) <= 0.006
+    assert "1 rounds of 8 iterations, the last 4 of each profiling with 3 probe(s)" in (out / "results.md").read_text()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--methods", "svd,pca"], "unknown method 'pca'"),
     (["--targets", "0.5,1.5"], "--targets must be numbers in (0, 1]"),
