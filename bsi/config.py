@@ -262,7 +262,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "compress": {"rounds": 2, "iters_per_epoch": 8, "sampling_ratio": 0.5, "keep_ratio": 0.5, "aux_rank": 2},
         "recover": {"steps": 4, "lr": 1e-3, "warmup_steps": 0},
     },
-    # The CPU demo on the embedded model: about 10 minutes on 2 cores (9 min 51 s measured, fine-tune included).
+    # The CPU demo on the embedded model: about 10 minutes on 2 cores (8 to 10 min measured, fine-tune included).
     "default": {
         "test_size": 100,
         "eval_examples": 100,
