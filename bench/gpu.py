@@ -24,7 +24,7 @@ Reports, with the device named:
   Llama-2) exported as a :class:`~bsi.layers.LowRankLinear` holding 1/2 and 1/4
   of the dense parameters, at batch 1 and a larger batch, timed interleaved.
   The factors are random (only their shapes matter for speed), so no SVD is
-  needed. Needs about 25 GB.
+  needed. Peaks at about 35 GB (three models held at once).
 """
 
 from __future__ import annotations
