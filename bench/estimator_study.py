@@ -2,16 +2,16 @@
 
 On the embedded model, restricted to a few layers and their top-k sigmas
 (where the exact Hessian diagonal is affordable: k second-order backward
-passes per layer, :func:`bsi.spectrum.hessian_blocks`), this script measures
+passes per layer, :func:`bsi.analysis.spectrum.hessian_blocks`), this script measures
 on one fixed mini-batch:
 
 1. **error vs probes and vs wall time** of the four estimator modes of
-   :func:`bsi.estimator.profile_batch`: probe scope ``model`` (one joint probe)
+   :func:`bsi.method.curvature.profile_batch`: probe scope ``model`` (one joint probe)
    or ``layer`` (one probe per layer), Hessian-vector products by finite
    differences (``fd``, at the rule's eps) or exact double backward (``hvp``).
    The error is ``||estimate - exact|| / ||exact||`` over the probed sigmas,
    averaged over disjoint groups of single-probe estimates
-   (:func:`bsi.theory.relative_error_by_probes`). The wall time of an
+   (:func:`bsi.method.theory.relative_error_by_probes`). The wall time of an
    ``s``-probe estimate is ``base + s * per_probe``, from the measured time of
    single-probe calls and of one plain gradient (the part every mode shares,
    except ``hvp``/``model``, which gets its gradient for free);
@@ -47,14 +47,14 @@ from torch import nn
 
 from bsi.data import BatchStream, load_task
 from bsi.errors import BSIError
-from bsi.estimator import evaluation_mode, hessian_vector_product, profile_batch, sigma_gradients, shifted_sigma
-from bsi.evaluate import answer_token_loss
+from bsi.method.curvature import evaluation_mode, hessian_vector_product, profile_batch, sigma_gradients, shifted_sigma
+from bsi.pipeline.evaluate import answer_token_loss
 from bsi.files import atomic_write_json, atomic_write_text
-from bsi.importance import eps_rule, rademacher, symmetric_difference_hessian
+from bsi.method.scores import eps_rule, rademacher, symmetric_difference_hessian
 from bsi.models import load_model_and_tokenizer
-from bsi.reparam import tied_output_names
-from bsi.spectrum import hessian_blocks, prepare_layers, top_positions
-from bsi.theory import relative_error_by_probes
+from bsi.method.surgery import tied_output_names
+from bsi.analysis.spectrum import hessian_blocks, prepare_layers, top_positions
+from bsi.method.theory import relative_error_by_probes
 
 MODES = (("fd", "model"), ("fd", "layer"), ("hvp", "model"), ("hvp", "layer"))
 DEFAULT_LAYERS = ("model.layers.16.self_attn.v_proj", "model.layers.22.mlp.down_proj", "model.layers.28.self_attn.o_proj")

@@ -21,7 +21,7 @@ Reports, with the device named:
   whole 7B shape does not fit one 80 GB GPU).
 * ``inference``: greedy generation tokens/s of the original model against the
   same shape with every linear layer (lm_head included: it is untied in
-  Llama-2) exported as a :class:`~bsi.layers.LowRankLinear` holding 1/2 and 1/4
+  Llama-2) exported as a :class:`~bsi.method.layers.LowRankLinear` holding 1/2 and 1/4
   of the dense parameters, at batch 1 and a larger batch, timed interleaved.
   The factors are random (only their shapes matter for speed), so no SVD is
   needed. Peaks at about 35 GB (three models held at once).
@@ -46,10 +46,10 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import interleave  # noqa: E402
 
 from bsi.config import CompressConfig  # noqa: E402
-from bsi.engine import Compressor  # noqa: E402
-from bsi.estimator import profile_batch  # noqa: E402
-from bsi.layers import LowRankLinear  # noqa: E402
-from bsi.reparam import model_parameters  # noqa: E402
+from bsi.method.engine import Compressor  # noqa: E402
+from bsi.method.curvature import profile_batch  # noqa: E402
+from bsi.method.layers import LowRankLinear  # noqa: E402
+from bsi.method.surgery import model_parameters  # noqa: E402
 
 SECTIONS = ("train", "throughput", "inference")
 

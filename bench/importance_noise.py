@@ -36,10 +36,10 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import real_batches  # noqa: E402
 
 from bsi.config import CompressConfig  # noqa: E402
-from bsi.engine import Compressor  # noqa: E402
-from bsi.estimator import evaluation_mode, profile_batch, sigma_gradients  # noqa: E402
-from bsi.evaluate import answer_token_loss  # noqa: E402
-from bsi.importance import importance_scores  # noqa: E402
+from bsi.method.engine import Compressor  # noqa: E402
+from bsi.method.curvature import evaluation_mode, profile_batch, sigma_gradients  # noqa: E402
+from bsi.pipeline.evaluate import answer_token_loss  # noqa: E402
+from bsi.method.scores import importance_scores  # noqa: E402
 from bsi.models import load_model_and_tokenizer  # noqa: E402
 
 

@@ -25,9 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from bsi.data import load_task  # noqa: E402
-from bsi.evaluate import dataset_loss  # noqa: E402
+from bsi.pipeline.evaluate import dataset_loss  # noqa: E402
 from bsi.models import load_model_and_tokenizer  # noqa: E402
-from bsi.reparam import to_basis_form  # noqa: E402
+from bsi.method.surgery import to_basis_form  # noqa: E402
 
 
 def drop_smallest(sigma: torch.Tensor, share: float) -> torch.Tensor:

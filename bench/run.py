@@ -43,11 +43,11 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from common import Timings, interleave, load_embedded, machine, real_batches, tokens_in  # noqa: E402
 
 from bsi.config import CompressConfig, make_config  # noqa: E402
-from bsi.engine import Compressor  # noqa: E402
-from bsi.estimator import profile_batch  # noqa: E402
-from bsi.evaluate import answer_token_loss  # noqa: E402
-from bsi.layers import BasisLinear  # noqa: E402
-from bsi.reparam import basis_layers, compressible_parameters, model_parameters, to_exported_form  # noqa: E402
+from bsi.method.engine import Compressor  # noqa: E402
+from bsi.method.curvature import profile_batch  # noqa: E402
+from bsi.pipeline.evaluate import answer_token_loss  # noqa: E402
+from bsi.method.layers import BasisLinear  # noqa: E402
+from bsi.method.surgery import basis_layers, compressible_parameters, model_parameters, to_exported_form  # noqa: E402
 
 SECTIONS = ("profiling", "throughput", "inference", "memory", "preset")
 
@@ -93,7 +93,7 @@ def swap_layers(model: nn.Module, make) -> None:
 
 
 def dense_step_fn(model: nn.Module):
-    """One step of dense fine-tuning as bsi.train does it: loss, backward, clip, AdamW."""
+    """One step of dense fine-tuning as bsi.pipeline.training does it: loss, backward, clip, AdamW."""
     params = [p for p in model.parameters()]
     for p in params:
         p.requires_grad_(True)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformers import TextIteratorStreamer
 
-from .errors import BSIError
+from bsi.errors import BSIError
 
 
 def chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:

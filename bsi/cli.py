@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from .errors import BSIError
+from bsi.errors import BSIError
 
 #: sub-command name -> (module path, one-line help). Modules expose add_arguments and run.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -25,9 +25,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("bsi.cli", "measure accuracy and answer-token loss of a model on a task"),
     "chat": ("bsi.cli", "chat with a model in the terminal"),
     "presets": ("bsi.cli", "print the presets (or one, as a full JSON config)"),
-    "sweep": ("bsi.sweep", "compare methods (svd, fwsvd, asvd, basel, bsi-grad, bsi) across target sizes"),
-    "compare": ("bsi.compare", "generate from several models side by side for the same prompts"),
-    "spectrum": ("bsi.spectrum", "measure per-layer Hessian spectra in sigma-space (power-law fit, JSON, HTML)"),
+    "sweep": ("bsi.pipeline.sweep", "compare methods (svd, fwsvd, asvd, basel, bsi-grad, bsi) across target sizes"),
+    "compare": ("bsi.analysis.compare", "generate from several models side by side for the same prompts"),
+    "spectrum": ("bsi.analysis.spectrum", "measure per-layer Hessian spectra in sigma-space (power-law fit, JSON, HTML)"),
 }
 
 
@@ -89,7 +89,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_config(args: argparse.Namespace):
-    from .config import PipelineConfig, deep_update, make_config
+    from bsi.config import PipelineConfig, deep_update, make_config
 
     if args.config:
         base = PipelineConfig.from_json(args.config).to_dict()
@@ -104,8 +104,8 @@ def build_config(args: argparse.Namespace):
 
 
 def _run_compress(args: argparse.Namespace) -> int:
-    from .pipeline import Pipeline
-    from .progress import ProgressPrinter
+    from bsi.pipeline.runner import Pipeline
+    from bsi.progress import ProgressPrinter
 
     if args.resume:
         pipeline = Pipeline.resume(args.resume)
@@ -166,11 +166,11 @@ def _add_eval(p: argparse.ArgumentParser) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from .data import load_task
-    from .evaluate import evaluate
-    from .models import load_model_and_tokenizer
-    from .pipeline import resolve_device, resolve_dtype
-    from .reparam import model_parameters
+    from bsi.data import load_task
+    from bsi.pipeline.evaluate import evaluate
+    from bsi.models import load_model_and_tokenizer
+    from bsi.pipeline.runner import resolve_device, resolve_dtype
+    from bsi.method.surgery import model_parameters
 
     if args.examples < 1:
         raise BSIError(f"--examples must be >= 1, got {args.examples}")
@@ -200,9 +200,9 @@ def _add_chat(p: argparse.ArgumentParser) -> None:
 
 
 def _run_chat(args: argparse.Namespace) -> int:
-    from .chat import ChatSession
-    from .models import load_model_and_tokenizer
-    from .pipeline import resolve_device, resolve_dtype
+    from bsi.chat import ChatSession
+    from bsi.models import load_model_and_tokenizer
+    from bsi.pipeline.runner import resolve_device, resolve_dtype
 
     device = resolve_device(args.device)
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=resolve_dtype(args.dtype, device), device=device,
@@ -232,7 +232,7 @@ def _add_presets(p: argparse.ArgumentParser) -> None:
 
 
 def _run_presets(args: argparse.Namespace) -> int:
-    from .config import PRESETS, make_config
+    from bsi.config import PRESETS, make_config
 
     if args.name:
         print(make_config(args.name).to_json())

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import BSIError
-from .importance import SCORES
+from bsi.errors import BSIError
+from bsi.method.scores import SCORES
 
 PROBE_SCOPES = ("model", "layer")
 HESSIAN_METHODS = ("fd", "hvp")
@@ -104,7 +104,7 @@ class CompressConfig(_JsonConfig):
     iters_per_epoch: int = 40
     sampling_ratio: float = 0.25
     gamma: float = 1.0
-    eps: float | None = None  # None: the rule for the run's dtype (see bsi.importance.eps_rule)
+    eps: float | None = None  # None: the rule for the run's dtype (see bsi.method.scores.eps_rule)
     eps_alpha: float = 0.01
     eps_max: float = 0.1
     probe_scope: str = "model"

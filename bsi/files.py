@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import BSIError
+from bsi.errors import BSIError
 
 #: A folder holding any of these was written by bsi and may be replaced.
 BSI_MARKERS = ("bsi_config.json", "summary.json", "results.jsonl", "spectrum.json", "compare.json", "checkpoint")

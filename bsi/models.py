@@ -121,7 +121,7 @@ def load_model_and_tokenizer(
             if not path.is_dir():
                 raise BSIError(f"model path '{spec}' is a file: give the folder that holds config.json")
             if (path / "bsi_config.json").is_file():
-                from bsi.export import load_compressed  # lazy: export imports the engine
+                from bsi.pipeline.export import load_compressed  # lazy: export imports the engine
 
                 model, tokenizer = load_compressed(path, dtype=dtype, device=device)
                 return model.eval(), _ensure_pad_token(tokenizer)

@@ -7,7 +7,7 @@ import sys
 
 from tqdm.auto import tqdm
 
-from .reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
+from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
 
 
 class ProgressPrinter:

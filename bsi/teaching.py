@@ -31,13 +31,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import BSIError
-from .estimator import LossFn, evaluation_mode, hessian_vector_product, shifted_sigma, sigma_gradients
-from .importance import probe_vector, symmetric_difference_hessian
-from .layers import BasisLinear, LowRankLinear
-from .models import EMBEDDED_MODEL, TINY_MODEL
-from .reparam import _parent_and_attr, tied_output_names
-from .reports import RoundReport
+from bsi.errors import BSIError
+from bsi.method.curvature import LossFn, evaluation_mode, hessian_vector_product, shifted_sigma, sigma_gradients
+from bsi.method.scores import probe_vector, symmetric_difference_hessian
+from bsi.method.layers import BasisLinear, LowRankLinear
+from bsi.models import EMBEDDED_MODEL, TINY_MODEL
+from bsi.method.surgery import _parent_and_attr, tied_output_names
+from bsi.reports import RoundReport
 
 NOTEBOOK_MODEL_ENV = "BSI_NOTEBOOK_MODEL"
 """Environment variable naming the model the notebooks use (unset: the embedded model)."""
@@ -150,8 +150,8 @@ def rank_table(model: nn.Module) -> list[dict[str, Any]]:
     """One row per compressible layer: shape, full and current rank, stored and dense parameters.
 
     Works on a dense model (every rank full), on a model in Basel form
-    (:class:`~bsi.layers.BasisLinear`: the active bases) and on an exported one
-    (:class:`~bsi.layers.LowRankLinear`). A tied output layer is left out, as
+    (:class:`~bsi.method.layers.BasisLinear`: the active bases) and on an exported one
+    (:class:`~bsi.method.layers.LowRankLinear`). A tied output layer is left out, as
     the engine leaves it alone.
     """
     tied = tied_output_names(model)
@@ -247,7 +247,7 @@ def model_sigma_max(model: nn.Module) -> float:
     ones their spectral norm, so the value does not depend on how many layers
     have been converted.
     """
-    from .reparam import compressible_linear_names
+    from bsi.method.surgery import compressible_linear_names
 
     values = []
     modules = dict(model.named_modules())
@@ -280,7 +280,7 @@ def exact_hessian(model: nn.Module, layer: BasisLinear, batch: dict, loss_fn: Lo
     """The exact Hessian ``d2l / dsigma_i dsigma_j`` over ``positions`` of one layer, (k, k) float64.
 
     Column ``j`` is the Hessian-vector product ``H e_j`` from one double
-    backward (:func:`bsi.estimator.hessian_vector_product`); k columns cost k
+    backward (:func:`bsi.method.curvature.hessian_vector_product`); k columns cost k
     double backwards, so keep k small. The diagonal is the ground truth the
     symmetric-perturbation estimator approximates. The model must use eager
     attention (``load_model_and_tokenizer(..., attn_implementation="eager")``).
@@ -304,7 +304,7 @@ def single_probe_estimates(model: nn.Module, layer: BasisLinear, batch: dict, lo
 
     Each row is the method's estimator for a fresh Rademacher ``z`` (zero
     outside ``pool``): gradients at ``sigma +- (eps/2) z`` on the same batch,
-    then ``(g+ - g-) * z / eps`` (:func:`bsi.importance.symmetric_difference_hessian`).
+    then ``(g+ - g-) * z / eps`` (:func:`bsi.method.scores.symmetric_difference_hessian`).
     The mean of the first ``s`` rows is the ``s``-probe estimate.
     """
     pool = torch.as_tensor(pool, dtype=torch.long)
@@ -342,7 +342,7 @@ def loss_change_when_dropped(model: nn.Module, layer: BasisLinear, batches: Sequ
 def summary_row(method: str, target: float, summary: Mapping[str, Any]) -> dict[str, Any]:
     """One row of a comparison, in the schema of ``bsi sweep``'s ``results.jsonl``, from a pipeline summary.
 
-    ``bsi.sweep.results_table`` and ``results_figure`` draw a list of such
+    ``bsi.pipeline.sweep.results_table`` and ``results_figure`` draw a list of such
     rows; the dense reference row is ``summary_row("dense", 1.0, ...)`` with
     equal sizes before and after.
     """

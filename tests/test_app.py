@@ -21,8 +21,8 @@ from bsi.app import chat, compare, inspect, plots, spectra
 from bsi.app.compress import Form, build_config, cancel_job, eps_rule_text, run_job, sigma_max_of, validate_upload
 from bsi.app.state import JobBoard, Session
 from bsi.errors import BSIError
-from bsi.evaluate import answer_token_loss
-from bsi.importance import eps_rule
+from bsi.pipeline.evaluate import answer_token_loss
+from bsi.method.scores import eps_rule
 from bsi.models import load_model_and_tokenizer
 
 
@@ -222,7 +222,7 @@ def test_power_law_fit_and_probe_bound():
 
 def test_exact_layer_hessian_matches_finite_differences():
     from bsi.data import BatchStream, load_task
-    from bsi.estimator import sigma_gradients
+    from bsi.method.curvature import sigma_gradients
 
     model, tokenizer = load_model_and_tokenizer("tiny-random-llama", dtype=torch.float64)
     task = load_task("embedded-math", test_size=1, train_size=4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bsi.baselines import (
+from bsi.pipeline.baselines import (
     LayerShape,
     activation_scales,
     fisher_row_weights,
@@ -16,8 +16,8 @@ from bsi.baselines import (
 )
 from bsi.config import make_config
 from bsi.errors import BSIError
-from bsi.layers import BasisLinear
-from bsi.methods import METHODS, BaselineConfig, MethodPipeline, get_method
+from bsi.method.layers import BasisLinear
+from bsi.pipeline.methods import METHODS, BaselineConfig, MethodPipeline, get_method
 from bsi.models import load_model_and_tokenizer
 
 

@@ -16,7 +16,7 @@ WORKER = textwrap.dedent('''
     import torch
     torch.set_num_threads(1)
     from bsi.config import make_config
-    from bsi.pipeline import Pipeline
+    from bsi.pipeline.runner import Pipeline
     from bsi.reports import DoneReport, RoundReport
 
     out, results = sys.argv[1], sys.argv[2]

@@ -3,9 +3,9 @@ import torch
 from conftest import lm_loss, make_tiny_llama, token_batches
 
 from bsi.config import CompressConfig
-from bsi.engine import Compressor
+from bsi.method.engine import Compressor
 from bsi.errors import BSIError
-from bsi.reparam import (
+from bsi.method.surgery import (
     compressible_linear_names,
     compressible_parameters,
     layer_ranks,

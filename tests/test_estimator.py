@@ -2,8 +2,8 @@ import pytest
 import torch
 from torch import nn
 
-from bsi.estimator import hessian_vector_product, profile_batch, sigma_gradients
-from bsi.layers import BasisLinear
+from bsi.method.curvature import hessian_vector_product, profile_batch, sigma_gradients
+from bsi.method.layers import BasisLinear
 
 
 def toy_model(seed: int = 0) -> nn.Sequential:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from bsi.data import BatchStream, Example, collate, encode_example
-from bsi.evaluate import Metrics, answer_token_loss, evaluate, generate_answers
+from bsi.pipeline.evaluate import Metrics, answer_token_loss, evaluate, generate_answers
 from bsi.models import TINY_MODEL, load_model_and_tokenizer
-from bsi.train import finetune
+from bsi.pipeline.training import finetune
 
 EXAMPLES = [
     Example("What is 2 + 3?", "2 + 3 = 5\n#### 5"),

@@ -6,11 +6,11 @@ from conftest import lm_loss, make_tiny_llama, token_batches
 from safetensors.torch import load_file, save_file
 
 from bsi.config import CompressConfig
-from bsi.engine import Compressor
+from bsi.method.engine import Compressor
 from bsi.errors import BSIError
-from bsi.export import load_compressed, save_compressed
-from bsi.layers import LowRankLinear
-from bsi.reparam import compressible_parameters, model_parameters
+from bsi.pipeline.export import load_compressed, save_compressed
+from bsi.method.layers import LowRankLinear
+from bsi.method.surgery import compressible_parameters, model_parameters
 
 
 def compressed_tiny(tied: bool, keep: float = 0.3):

@@ -5,8 +5,8 @@ import torch
 from conftest import lm_loss, make_tiny_llama, token_batches
 
 from bsi.config import CompressConfig
-from bsi.engine import Compressor
-from bsi.export import load_compressed, save_compressed
+from bsi.method.engine import Compressor
+from bsi.pipeline.export import load_compressed, save_compressed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from bsi.errors import BSIError
-from bsi.importance import (
+from bsi.method.scores import (
     candidate_pool,
     eps_rule,
     importance_scores,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bsi.cli import main
-from bsi.export import load_compressed
+from bsi.pipeline.export import load_compressed
 from bsi.models import EMBEDDED_MODEL, load_model_and_tokenizer
 
 pytestmark = pytest.mark.slow

@@ -25,7 +25,7 @@ from bsi.app import compress
 from bsi.config import make_config
 from bsi.errors import BSIError
 from bsi.models import TINY_MODEL, load_model_and_tokenizer
-from bsi.pipeline import Pipeline
+from bsi.pipeline.runner import Pipeline
 from bsi.reports import DoneReport
 
 GOOD = b'{"question": "What is 1 + 1?", "answer": "1 + 1 = 2\\n#### 2"}\n'
@@ -112,8 +112,8 @@ def test_pickled_weights_are_refused_never_loaded(tmp_path, tiny):
 
 
 def test_compressed_folder_with_pickle_instead_of_safetensors(tmp_path, tiny):
-    from bsi.export import save_compressed
-    from bsi.reparam import to_basis_form
+    from bsi.pipeline.export import save_compressed
+    from bsi.method.surgery import to_basis_form
 
     model, tokenizer = load_model_and_tokenizer(TINY_MODEL)
     to_basis_form(model, aux_rank=0, seed=0)

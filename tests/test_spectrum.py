@@ -5,13 +5,14 @@ import pytest
 import torch
 from torch import nn
 
-from bsi import spectrum, theory
+from bsi.analysis import spectrum
+from bsi.method import theory
 from bsi.cli import main
 from bsi.errors import BSIError
-from bsi.estimator import hessian_vector_product, profile_batch
-from bsi.layers import BasisLinear
+from bsi.method.curvature import hessian_vector_product, profile_batch
+from bsi.method.layers import BasisLinear
 from bsi.models import build_tiny_model
-from bsi.reparam import to_basis_form
+from bsi.method.surgery import to_basis_form
 
 from conftest import lm_loss, make_tiny_llama, token_batches
 

@@ -8,11 +8,11 @@ import pytest
 
 from bsi.cli import main
 from bsi.config import make_config
-from bsi.methods import BaselineConfig, MethodPipeline
+from bsi.pipeline.methods import BaselineConfig, MethodPipeline
 from bsi.models import load_model_and_tokenizer
 from bsi.reports import StageReport
-from bsi.speed import measure_speeds
-from bsi.sweep import CellReport, Sweep
+from bsi.analysis.speed import measure_speeds
+from bsi.pipeline.sweep import CellReport, Sweep
 
 
 def tiny_config(**over):

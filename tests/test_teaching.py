@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from bsi.config import CompressConfig
-from bsi.engine import Compressor
+from bsi.method.engine import Compressor
 from bsi.errors import BSIError
-from bsi.estimator import sigma_gradients
-from bsi.importance import probe_vector
-from bsi.layers import BasisLinear
+from bsi.method.curvature import sigma_gradients
+from bsi.method.scores import probe_vector
+from bsi.method.layers import BasisLinear
 from bsi.models import EMBEDDED_MODEL, TINY_MODEL
-from bsi.reparam import basis_layers, compressible_linear_names, to_basis_form, to_exported_form
+from bsi.method.surgery import basis_layers, compressible_linear_names, to_basis_form, to_exported_form
 from bsi.teaching import (
     NOTEBOOK_MODEL_ENV,
     basel_form_error,
@@ -208,9 +208,9 @@ def test_rank_history_follows_a_real_compression():
 
 def test_doc_markdown_fences_literal_blocks():
     text = doc_markdown(BasisLinear)
-    assert text.startswith("**`bsi.layers.BasisLinear(") and "``" not in text
-    module_text = doc_markdown(__import__("bsi.layers", fromlist=["x"]))
-    assert module_text.startswith("**`bsi.layers`**") and "```\nW~ = U diag(sigma) V^T" in module_text
+    assert text.startswith("**`bsi.method.layers.BasisLinear(") and "``" not in text
+    module_text = doc_markdown(__import__("bsi.method.layers", fromlist=["x"]))
+    assert module_text.startswith("**`bsi.method.layers`**") and "```\nW~ = U diag(sigma) V^T" in module_text
     assert module_text.count("```") % 2 == 0
 
     def undocumented():
@@ -221,7 +221,7 @@ def test_doc_markdown_fences_literal_blocks():
 
 
 def test_summary_row_has_the_sweep_schema():
-    from bsi.sweep import results_figure, results_table
+    from bsi.pipeline.sweep import results_figure, results_table
 
     summary = {"params_before": 200, "params_after": 100, "compressible_ratio": 0.5, "seconds": 3.0,
                "metrics_after": {"accuracy": 0.25, "loss": 1.5, "examples": 4}}

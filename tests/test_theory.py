@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from bsi import importance, theory
+from bsi.method import scores as importance, theory
 from bsi.errors import BSIError
 
 

@@ -10,7 +10,7 @@ import torch
 from bsi.data import BatchStream, generate_math_problems
 from bsi.errors import BSIError
 from bsi.models import TINY_MODEL, load_model_and_tokenizer
-from bsi.train import finetune, lr_factor
+from bsi.pipeline.training import finetune, lr_factor
 
 
 @pytest.fixture()

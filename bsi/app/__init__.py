@@ -17,7 +17,7 @@ from typing import Any
 
 def build_app(**kwargs: Any):
     """The Gradio Blocks app (see :func:`bsi.app.layout.build_app` for the arguments)."""
-    from .layout import build_app as _build
+    from bsi.app.layout import build_app as _build
 
     return _build(**kwargs)
 

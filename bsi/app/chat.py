@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..chat import ChatSession
-from ..errors import BSIError
-from ..export import read_meta
-from ..reparam import model_parameters
-from .state import LoadedModel, Session, Visitors, session_hash_of, with_request
+from bsi.chat import ChatSession
+from bsi.errors import BSIError
+from bsi.pipeline.export import read_meta
+from bsi.method.surgery import model_parameters
+from bsi.app.state import LoadedModel, Session, Visitors, session_hash_of, with_request
 
 SIDES = ("compressed", "original")
 EMPTY_REPLY = "(no text: the model ended its turn at once or produced only special tokens)"
@@ -40,7 +40,7 @@ def sizes_text(session: Session) -> str:
 
 def load_folder(session: Session, folder: str) -> str:
     """Load a compressed folder (``bsi compress --out``) and its source model into the session."""
-    from ..models import load_model_and_tokenizer
+    from bsi.models import load_model_and_tokenizer
 
     if session.closed:
         raise BSIError("this session has ended; reload the page")

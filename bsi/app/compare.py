@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import BSIError
+from bsi.errors import BSIError
 
 REQUIRED = ("method", "target", "params_total", "accuracy", "loss")
 COLUMNS = ["method", "target", "params_total", "accuracy", "loss"]
@@ -67,7 +67,7 @@ def table(rows: Sequence[dict]) -> list[list]:
 
 def view(spec: str):
     """(status, figure, table) for a sweep folder."""
-    from . import plots
+    from bsi.app import plots
 
     rows = load_results(spec)
     methods = sorted({str(r["method"]) for r in rows})
@@ -78,7 +78,7 @@ def render(default_dir: str = "runs/sweep"):
     """Lay out the Compare tab."""
     import gradio as gr
 
-    from . import plots
+    from bsi.app import plots
 
     with gr.Row():
         folder = gr.Textbox(value=default_dir, label="Sweep folder (holds results.jsonl)", scale=4)

@@ -1,6 +1,6 @@
 """Compress tab: the form, its validation, and the streaming job.
 
-The job is :meth:`bsi.pipeline.Pipeline.run` consumed by a generator,
+The job is :meth:`bsi.pipeline.runner.Pipeline.run` consumed by a generator,
 :func:`run_job`, which turns reports into :class:`JobView` snapshots (status
 line, loss curve, parameters per round, rank heatmap, log). It
 
@@ -30,16 +30,16 @@ from typing import Any
 
 import torch
 
-from ..config import PRESETS, PipelineConfig, make_config
-from ..data import EMBEDDED_TASK, read_jsonl
-from ..errors import BSIError
-from ..importance import SCORES, eps_rule, fraction_bits
-from ..models import EMBEDDED_MODEL, TINY_MODEL
-from ..pipeline import Pipeline, resolve_device, resolve_dtype
-from ..reparam import compressible_linear_names, compressible_parameters, model_parameters
-from ..reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
-from . import plots
-from .state import JobBoard, LoadedModel, Session, Visitors, session_hash_of, with_request
+from bsi.config import PRESETS, PipelineConfig, make_config
+from bsi.data import EMBEDDED_TASK, read_jsonl
+from bsi.errors import BSIError
+from bsi.method.scores import SCORES, eps_rule, fraction_bits
+from bsi.models import EMBEDDED_MODEL, TINY_MODEL
+from bsi.pipeline.runner import Pipeline, resolve_device, resolve_dtype
+from bsi.method.surgery import compressible_linear_names, compressible_parameters, model_parameters
+from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
+from bsi.app import plots
+from bsi.app.state import JobBoard, LoadedModel, Session, Visitors, session_hash_of, with_request
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 """Largest JSONL upload accepted (20 MB); the server also refuses bigger files."""
@@ -196,7 +196,7 @@ def eps_rule_text(sigma_max: float | None, dtype: torch.dtype = torch.float32, a
 def compute_eps_rule(session: Session, form: Form) -> str:
     """Load the chosen model (on CPU, in the run's dtype) and show the rule's value for it."""
     config = build_config(form)
-    from ..models import load_model_and_tokenizer
+    from bsi.models import load_model_and_tokenizer
 
     dtype = resolve_dtype(config.dtype, resolve_device(config.device))
     model, _ = load_model_and_tokenizer(config.model, dtype=torch.float32,

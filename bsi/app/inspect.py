@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..reports import LayerRound, RoundReport
+from bsi.reports import LayerRound, RoundReport
 
 COLUMNS = ["basis_id", "position", "sigma", "grad", "hessian", "grad_term", "hessian_term", "importance", "status"]
 
@@ -85,7 +85,7 @@ def table(rows: Sequence[dict]) -> list[list]:
 
 def view(rounds: Sequence[RoundReport], round_index: int | None, name: str | None):
     """(summary, figure, table rows, csv path or None) for the chosen round and layer."""
-    from . import plots
+    from bsi.app import plots
 
     layer = find_layer(rounds, round_index, name)
     rows = basis_rows(layer) if layer is not None else []

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 
-from . import chat, compare, compress, inspect, spectra
-from .compress import Form
-from .state import JobBoard, Session, Visitors, with_request
+from bsi.app import chat, compare, compress, inspect, spectra
+from bsi.app.compress import Form
+from bsi.app.state import JobBoard, Session, Visitors, with_request
 
 TITLE = "bsi: live compression studio"
 

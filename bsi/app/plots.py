@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from ..reports import RoundReport
+from bsi.reports import RoundReport
 
 _LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=50), height=320,
                legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))

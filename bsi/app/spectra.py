@@ -7,11 +7,11 @@ the number of bases the way a general matrix would demand.
 
 This module checks the assumption on a real layer, exactly and cheaply:
 
-1. the chosen ``nn.Linear`` is swapped for its :class:`~bsi.layers.BasisLinear`
+1. the chosen ``nn.Linear`` is swapped for its :class:`~bsi.method.layers.BasisLinear`
    (same outputs) for the duration of the computation, and put back after;
 2. the ``k x k`` Hessian over its ``k`` largest sigmas is built column by
    column from exact Hessian-vector products ``H e_j`` (double backward,
-   :func:`bsi.estimator.hessian_vector_product`, eager attention) on one
+   :func:`bsi.method.curvature.hessian_vector_product`, eager attention) on one
    mini-batch of task data;
 3. its eigenvalues are sorted by magnitude and fitted by least squares on
    log-log axes (:func:`power_law_fit`).
@@ -30,9 +30,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ..errors import BSIError
-from ..estimator import hessian_vector_product
-from ..layers import BasisLinear
+from bsi.errors import BSIError
+from bsi.method.curvature import hessian_vector_product
+from bsi.method.layers import BasisLinear
 
 
 # --------------------------------------------------------------- pure math
@@ -165,10 +165,10 @@ def spectrum_summary(eigenvalues: torch.Tensor, fit: tuple[float, float]) -> dic
 # ------------------------------------------------------------------ the tab
 def source_model(session, form):
     """The model to study: the last run's dense model, else the Compress tab's model (loaded once)."""
-    from ..models import load_model_and_tokenizer
-    from ..reparam import model_parameters
-    from .compress import build_config
-    from .state import LoadedModel
+    from bsi.models import load_model_and_tokenizer
+    from bsi.method.surgery import model_parameters
+    from bsi.app.compress import build_config
+    from bsi.app.state import LoadedModel
 
     if session.closed:
         raise BSIError("this session has ended; reload the page")
@@ -183,7 +183,7 @@ def source_model(session, form):
 
 def layer_names(session, form) -> list[str]:
     """The compressible linear layers of :func:`source_model` (in module order)."""
-    from ..reparam import compressible_linear_names
+    from bsi.method.surgery import compressible_linear_names
 
     return compressible_linear_names(source_model(session, form).model)
 
@@ -193,9 +193,9 @@ def compute(session, form, name: str, k: int, examples: int = 4, seed: int = 0):
 
     Returns ``(eigenvalues (k,), fit (c, a), summary dict)``.
     """
-    from ..data import BatchStream, load_task
-    from ..evaluate import answer_token_loss
-    from .compress import build_config
+    from bsi.data import BatchStream, load_task
+    from bsi.pipeline.evaluate import answer_token_loss
+    from bsi.app.compress import build_config
 
     loaded = source_model(session, form)
     config = build_config(form)
@@ -235,9 +235,9 @@ def render(session_state, form_components, visitors=None):
     """Lay out the Spectra tab; ``form_components`` are the Compress tab's inputs (model and data)."""
     import gradio as gr
 
-    from . import plots
-    from .compress import Form
-    from .state import Visitors, session_hash_of, with_request
+    from bsi.app import plots
+    from bsi.app.compress import Form
+    from bsi.app.state import Visitors, session_hash_of, with_request
 
     visitors = Visitors() if visitors is None else visitors
 

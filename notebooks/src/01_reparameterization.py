@@ -27,11 +27,11 @@ from IPython.display import Markdown, display
 from transformers.utils import logging as hf_logging
 from plotly.subplots import make_subplots
 
-import bsi.layers
+import bsi.method.layers
 from bsi.data import BatchStream, load_task
-from bsi.layers import BasisLinear, svd_bases
+from bsi.method.layers import BasisLinear, svd_bases
 from bsi.models import load_model_and_tokenizer
-from bsi.reparam import compressible_linear_names, compressible_parameters, model_parameters, to_basis_form
+from bsi.method.surgery import compressible_linear_names, compressible_parameters, model_parameters, to_basis_form
 from bsi.teaching import (basel_form_error, break_even_rank, capture_inputs, doc_markdown, factor_cost,
                           notebook_settings, rank_table)
 
@@ -99,7 +99,7 @@ for share in (0.5, 0.9):
 # docstring, the code's own explanation:
 
 # %%
-display(Markdown(doc_markdown(bsi.layers)))
+display(Markdown(doc_markdown(bsi.method.layers)))
 
 # %% [markdown]
 # Two reasons make it exact at start: `sigma` starts at the singular values, so
@@ -166,7 +166,7 @@ kinds.style.format({"share of full rank": "{:.0%}", "dense params": "{:,}"})
 # %% [markdown]
 # ## 4. The whole model in Basel form
 #
-# `bsi.reparam.to_basis_form` does the same for every linear layer except the
+# `bsi.method.surgery.to_basis_form` does the same for every linear layer except the
 # embeddings (and an output layer tied to them, which *is* the embedding):
 
 # %%

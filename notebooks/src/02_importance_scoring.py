@@ -33,12 +33,12 @@ from plotly.subplots import make_subplots
 
 from bsi.config import CompressConfig
 from bsi.data import BatchStream, load_task
-from bsi.estimator import profile_batch
-from bsi.evaluate import answer_token_loss
-from bsi.importance import (candidate_pool, eps_rule, importance_scores, pool_rho, probe_vector, select_pruned,
+from bsi.method.curvature import profile_batch
+from bsi.pipeline.evaluate import answer_token_loss
+from bsi.method.scores import (candidate_pool, eps_rule, importance_scores, pool_rho, probe_vector, select_pruned,
                             symmetric_difference_hessian)
 from bsi.models import load_model_and_tokenizer
-from bsi.reparam import compressible_linear_names
+from bsi.method.surgery import compressible_linear_names
 from bsi.teaching import (convert_layer, doc_markdown, exact_hessian, loss_change_when_dropped, mean_gradient,
                           model_sigma_max, notebook_settings, single_probe_estimates)
 
@@ -225,7 +225,7 @@ for gamma in (0.5, 1.0, 2.0, 4.0):
 # ## 5. Importance against |sigma|
 #
 # Now the real thing on the whole pool: over the profiling mini-batches,
-# `bsi.estimator.profile_batch` returns the gradient and a Hessian-diagonal
+# `bsi.method.curvature.profile_batch` returns the gradient and a Hessian-diagonal
 # estimate (here two probes per batch, this layer only). From them, three scores:
 #
 # * **BSI**: `I_i = -sigma_i g_i + 1/2 sigma_i^2 h_i` (the predicted loss increase);

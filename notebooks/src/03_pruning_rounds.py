@@ -27,8 +27,8 @@ from plotly.subplots import make_subplots
 
 from bsi import CompressConfig, Pipeline, make_config
 from bsi.chat import ChatSession
-from bsi.evaluate import evaluate
-from bsi.reparam import compressible_parameters, model_parameters
+from bsi.pipeline.evaluate import evaluate
+from bsi.method.surgery import compressible_parameters, model_parameters
 from bsi.reports import RoundReport, StepReport
 from bsi.teaching import block_index, doc_markdown, layer_kind, notebook_settings, rank_history
 
@@ -95,7 +95,7 @@ for q, a in zip(settings.chat_prompts, answers_before):
 # %% [markdown]
 # ## 3. Stage 2: the pruning rounds
 #
-# `pipeline.compress()` wraps `bsi.engine.Compressor.run()`, a generator: every
+# `pipeline.compress()` wraps `bsi.method.engine.Compressor.run()`, a generator: every
 # iteration yields a `StepReport` (a tuning step, or a profiling step that only
 # gathers `E[g]` and the Hessian-diagonal estimate), and every round ends with a
 # `RoundReport` holding, for every layer, sigma, g, h, the importance, the pool

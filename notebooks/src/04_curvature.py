@@ -25,21 +25,21 @@ import torch
 from IPython.display import Markdown, display
 from transformers.utils import logging as hf_logging
 
-import bsi.theory
+import bsi.method.theory
 from bsi.data import BatchStream, load_task
-from bsi.evaluate import answer_token_loss
+from bsi.pipeline.evaluate import answer_token_loss
 from bsi.models import load_model_and_tokenizer
-from bsi.spectrum import SpectrumAnalysis, SpectrumProgress, select_layers, spectrum_figure
+from bsi.analysis.spectrum import SpectrumAnalysis, SpectrumProgress, select_layers, spectrum_figure
 from bsi.teaching import doc_markdown, notebook_settings
-from bsi.theory import (hutchinson_variance, probes_needed, relative_error_by_probes, sample_complexity_psd,
+from bsi.method.theory import (hutchinson_variance, probes_needed, relative_error_by_probes, sample_complexity_psd,
                         variance_bound_frobenius, variance_bound_power_law)
 
-display(Markdown(doc_markdown(bsi.theory)))
+display(Markdown(doc_markdown(bsi.method.theory)))
 
 # %% [markdown]
 # ## 1. Measuring spectra
 #
-# For each chosen layer, `bsi.spectrum.SpectrumAnalysis` converts it to Basel form
+# For each chosen layer, `bsi.analysis.spectrum.SpectrumAnalysis` converts it to Basel form
 # and builds the exact `k x k` Hessian of the task loss over its `k` largest
 # sigmas, column by column with double backward (so eager attention), averaged
 # over a few mini-batches; other layers' sigmas stay fixed (the model-wide

@@ -15,17 +15,17 @@ import torch
 from IPython.display import Markdown, display
 from transformers.utils import logging as hf_logging
 
-import bsi.methods
+import bsi.pipeline.methods
 from bsi import Pipeline, make_config
-from bsi.compare import comparison_markdown
-from bsi.evaluate import generate_answers
-from bsi.methods import MethodPipeline
-from bsi.reparam import compressible_parameters, model_parameters
+from bsi.analysis.compare import comparison_markdown
+from bsi.pipeline.evaluate import generate_answers
+from bsi.pipeline.methods import MethodPipeline
+from bsi.method.surgery import compressible_parameters, model_parameters
 from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport
-from bsi.sweep import results_figure, results_table
+from bsi.pipeline.sweep import results_figure, results_table
 from bsi.teaching import notebook_settings, summary_row
 
-display(Markdown(bsi.methods.__doc__.split("Add a method")[0]))
+display(Markdown(bsi.pipeline.methods.__doc__.split("Add a method")[0]))
 
 # %% [markdown]
 # ## 1. The reference: the fine-tuned dense model
@@ -69,7 +69,7 @@ del reference
 # %% [markdown]
 # ## 2. The sweep
 #
-# Each cell is one `bsi.methods.MethodPipeline` run (what `bsi sweep` runs per
+# Each cell is one `bsi.pipeline.methods.MethodPipeline` run (what `bsi sweep` runs per
 # cell), reusing the dense model's metrics. After the smallest target, each
 # method's model also answers a few test questions for section 4.
 
@@ -98,7 +98,7 @@ for target in settings.sweep_targets:
 # ## 3. Accuracy against size
 #
 # Each line starts at the fine-tuned dense model and moves right to left as the
-# model shrinks. (`bsi.sweep.results_figure` draws the same figure `bsi sweep`
+# model shrinks. (`bsi.pipeline.sweep.results_figure` draws the same figure `bsi sweep`
 # writes to `figure.html`; the dashboard's Compare tab reads the same rows.)
 # With a short schedule and a few dozen test questions, differences of a few
 # points are noise; the method's claims are about strong compression with full

@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import BSIError
-from .evaluate import generate_answers
-from .files import atomic_write_json, atomic_write_text, check_output_dir
-from .models import load_model_and_tokenizer
-from .reparam import model_parameters
+from bsi.errors import BSIError
+from bsi.pipeline.evaluate import generate_answers
+from bsi.files import atomic_write_json, atomic_write_text, check_output_dir
+from bsi.models import load_model_and_tokenizer
+from bsi.method.surgery import model_parameters
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -54,7 +54,7 @@ def read_prompts(path: str | Path) -> list[str]:
 def compare_models(models: Sequence[str], prompts: Sequence[str], *, max_new_tokens: int = 64,
                    device: str = "auto", dtype: str = "auto") -> dict[str, Any]:
     """Answers of every model to every prompt: ``{"prompts", "models": [{"name", "params", "outputs"}]}``."""
-    from .pipeline import resolve_device, resolve_dtype
+    from bsi.pipeline.runner import resolve_device, resolve_dtype
 
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)

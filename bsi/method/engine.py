@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .config import CompressConfig
-from .errors import BSIError
-from .estimator import LossFn, profile_batch
-from .importance import (
+from bsi.config import CompressConfig
+from bsi.errors import BSIError
+from bsi.method.curvature import LossFn, profile_batch
+from bsi.method.scores import (
     candidate_pool,
     eps_rule,
     importance_scores,
@@ -42,9 +42,9 @@ from .importance import (
     mass_rule_keep_count,
     select_pruned,
 )
-from .layers import BasisLinear
-from .reparam import compressible_parameters, largest_singular_value, model_parameters, to_basis_form
-from .reports import LayerRound, RoundReport, StepReport
+from bsi.method.layers import BasisLinear
+from bsi.method.surgery import compressible_parameters, largest_singular_value, model_parameters, to_basis_form
+from bsi.reports import LayerRound, RoundReport, StepReport
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
 
@@ -88,7 +88,7 @@ class Compressor:
             for the profiling sums and counts, so every rank prunes alike.
         probe_seed: seed of the probe generator (default ``config.seed``); give
             each process its own so that its probes are independent extra probes
-            (see :mod:`bsi.distributed`).
+            (see :mod:`bsi.pipeline.distributed`).
     """
 
     def __init__(

@@ -18,8 +18,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .errors import BSIError
-from .files import atomic_write_json
+from bsi.errors import BSIError
+from bsi.files import atomic_write_json
 
 TENSORS = "state.safetensors"
 PLAIN = "state.json"

@@ -1,19 +1,19 @@
 """Hessian spectra in sigma-space: is the curvature really power-law shaped?
 
-The theory of BSI's Hessian estimator (METHOD.md sec. 7, :mod:`bsi.theory`)
+The theory of BSI's Hessian estimator (METHOD.md sec. 7, :mod:`bsi.method.theory`)
 assumes that, per layer, the eigenvalues of the Hessian of the task loss with
 respect to the coefficients sigma decay like a power law,
 ``|lambda_k| <= |lambda_1| k^-alpha`` with ``alpha > 1/2``. This module
 measures it.
 
 For each chosen layer it computes, *exactly*, the (k x k) Hessian of the task
-loss (:func:`bsi.evaluate.answer_token_loss`) with respect to that layer's
+loss (:func:`bsi.pipeline.evaluate.answer_token_loss`) with respect to that layer's
 top-k sigmas, every other coefficient fixed (so the model-wide matrix is
 treated as block-diagonal: no cross-layer entries), averaged over a few
 mini-batches. Column ``j`` of a block is the Hessian-vector product ``H e_j``
 obtained by double backward: one forward pass and one ``create_graph``
 backward per batch serve every layer, then each column costs one second-order
-backward pass (this is :func:`bsi.estimator.hessian_vector_product` with a
+backward pass (this is :func:`bsi.method.curvature.hessian_vector_product` with a
 one-hot vector, without redoing the forward pass for every column).
 
 Double backward needs a differentiable attention kernel, so the model is
@@ -23,7 +23,7 @@ switched to eager attention while the spectrum runs
 Per layer it reports the eigenvalues sorted by magnitude, a least-squares
 power-law fit on log-log axes, the envelope check, ``|lambda_1|``, the trace,
 the share of negative eigenvalues, and the number of Hutchinson probes the
-sample-complexity bound asks for (:func:`bsi.theory.probes_needed`).
+sample-complexity bound asks for (:func:`bsi.method.theory.probes_needed`).
 
 CLI::
 
@@ -50,11 +50,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import BSIError
-from .estimator import evaluation_mode
-from .layers import BasisLinear
-from .reparam import tied_output_names
-from .theory import probes_needed
+from bsi.errors import BSIError
+from bsi.method.curvature import evaluation_mode
+from bsi.method.layers import BasisLinear
+from bsi.method.surgery import tied_output_names
+from bsi.method.theory import probes_needed
 
 LossFn = Callable[[nn.Module, dict], torch.Tensor]
 
@@ -288,7 +288,7 @@ class LayerSpectrum:
     ``lambda_1`` is the largest magnitude; ``negative_share`` the share of
     negative eigenvalues; ``probes`` the Hutchinson probes the measured
     spectrum asks for (relative error ``error`` with probability ``1 - delta``,
-    :func:`bsi.theory.probes_needed`); ``asymmetry`` = ``||H - H^T|| / ||H||``
+    :func:`bsi.method.theory.probes_needed`); ``asymmetry`` = ``||H - H^T|| / ||H||``
     of the computed block (rounding only: the exact Hessian is symmetric).
     """
 
@@ -394,7 +394,7 @@ class SpectrumResult:
 
     def save(self, out_dir: str | Path) -> Path:
         """Write ``spectrum.json``, ``summary.txt`` (Markdown table) and ``spectrum.html`` atomically."""
-        from .files import atomic_directory, atomic_write_json, atomic_write_text
+        from bsi.files import atomic_directory, atomic_write_json, atomic_write_text
 
         with atomic_directory(out_dir) as tmp:
             atomic_write_json(tmp / "spectrum.json", self.to_dict())
@@ -473,7 +473,7 @@ class SpectrumAnalysis:
         if not error > 0 or not 0 < delta < 1:
             raise BSIError(f"need error > 0 and 0 < delta < 1, got error={error}, delta={delta}")
         if loss_fn is None:
-            from .evaluate import answer_token_loss
+            from bsi.pipeline.evaluate import answer_token_loss
 
             loss_fn = answer_token_loss
         self.model, self.names, self.batches, self.loss_fn = model, list(layer_names), list(batches), loss_fn
@@ -535,10 +535,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``bsi spectrum``: validate, load, measure, save, print the summary table."""
-    from .data import BatchStream, load_task
-    from .files import check_output_dir
-    from .models import load_model_and_tokenizer
-    from .pipeline import resolve_device, resolve_dtype
+    from bsi.data import BatchStream, load_task
+    from bsi.files import check_output_dir
+    from bsi.models import load_model_and_tokenizer
+    from bsi.pipeline.runner import resolve_device, resolve_dtype
 
     for flag in ("top_k", "batches", "batch_size", "max_length"):
         if getattr(args, flag) < 1:

@@ -18,7 +18,7 @@ from torch import nn
 
 from bsi.data import BatchStream
 from bsi.errors import BSIError
-from bsi.evaluate import answer_token_loss
+from bsi.pipeline.evaluate import answer_token_loss
 from bsi.reports import StepReport
 
 FINAL_LR_FRACTION = 0.1
@@ -57,7 +57,7 @@ def finetune(
 ) -> Iterator[StepReport]:
     """Train ``model`` on ``steps`` batches from ``stream``, yielding a report per step.
 
-    Each step: answer-token loss (:func:`bsi.evaluate.answer_token_loss`,
+    Each step: answer-token loss (:func:`bsi.pipeline.evaluate.answer_token_loss`,
     computed in float32 even for a bf16 model), backward, gradient-norm
     clipping to ``max_grad_norm`` (``None`` or 0: no clipping), one AdamW
     update at ``lr * lr_factor(step)``. A batch whose loss or gradient is not

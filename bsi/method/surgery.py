@@ -18,8 +18,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from .errors import BSIError
-from .layers import BasisLinear, LowRankLinear
+from bsi.errors import BSIError
+from bsi.method.layers import BasisLinear, LowRankLinear
 
 
 def _parent_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:

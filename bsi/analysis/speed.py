@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .data import build_prompt, pad_id
-from .errors import BSIError
+from bsi.data import build_prompt, pad_id
+from bsi.errors import BSIError
 
 DEFAULT_PROMPT = "Tom has 12 apples and buys 7 more. How many apples does he have now?"
 

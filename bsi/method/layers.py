@@ -166,7 +166,7 @@ class BasisLinear(nn.Module):
         removed, so later forwards are cheaper. ``sigma`` stays the same
         ``nn.Parameter`` object (its ``.data`` is replaced), so an optimizer that
         holds it keeps working once its state is sliced the same way (see
-        :func:`bsi.engine.slice_optimizer_state`).
+        :func:`bsi.method.engine.slice_optimizer_state`).
         """
         positions = torch.as_tensor(positions, dtype=torch.long, device=self.sigma.device).sort().values
         self.U = self.U[:, positions].contiguous()

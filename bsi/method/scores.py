@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .errors import BSIError
+from bsi.errors import BSIError
 
 SCORES = ("bsi", "bsi-grad", "basel")
 

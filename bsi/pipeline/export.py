@@ -27,10 +27,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .errors import BSIError
-from .files import atomic_directory, atomic_write_json
-from .layers import LowRankLinear
-from .reparam import _parent_and_attr, basis_layers, to_exported_form
+from bsi.errors import BSIError
+from bsi.files import atomic_directory, atomic_write_json
+from bsi.method.layers import LowRankLinear
+from bsi.method.surgery import _parent_and_attr, basis_layers, to_exported_form
 
 FORMAT = "bsi-compressed"
 FORMAT_VERSION = 1
@@ -57,7 +57,7 @@ def write_model_files(
     """Export ``model`` into an existing ``folder``; returns the layer table of ``bsi_config.json``.
 
     `BasisLinear` layers are converted in place first. A model converted
-    earlier (by :func:`bsi.reparam.to_exported_form`) must come with that
+    earlier (by :func:`bsi.method.surgery.to_exported_form`) must come with that
     call's ``table``.
     """
     if basis_layers(model):

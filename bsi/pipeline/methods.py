@@ -2,11 +2,11 @@
 
 A *method* is a small object with a ``name``, a one-line ``description`` and
 ``compress(pipeline)``: a generator that turns ``pipeline.model`` (already
-task-fine-tuned) into a model of :class:`~bsi.layers.BasisLinear` layers of
+task-fine-tuned) into a model of :class:`~bsi.method.layers.BasisLinear` layers of
 the size ``pipeline.config.compress.target_ratio`` asks for. Everything else,
 task fine-tuning (cached, so a sweep does it once), the recovery fine-tune of
 sigma and the auxiliary vectors, export, size accounting and evaluation, is
-:class:`~bsi.pipeline.Pipeline`'s and identical for every method.
+:class:`~bsi.pipeline.runner.Pipeline`'s and identical for every method.
 
 ==========  ==================================================================
 name        what it keeps
@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .baselines import (
+from bsi.pipeline.baselines import (
     LayerShape,
     activation_scales,
     activation_statistics,
@@ -45,13 +45,13 @@ from .baselines import (
     uniform_ranks,
     weighted_svd,
 )
-from .config import PipelineConfig
-from .engine import Compressor
-from .errors import BSIError
-from .evaluate import Metrics, answer_token_loss
-from .pipeline import Pipeline, Report
-from .reparam import compressible_linear_names, model_parameters, to_basis_form
-from .reports import EvalReport, RoundReport
+from bsi.config import PipelineConfig
+from bsi.method.engine import Compressor
+from bsi.errors import BSIError
+from bsi.pipeline.evaluate import Metrics, answer_token_loss
+from bsi.pipeline.runner import Pipeline, Report
+from bsi.method.surgery import compressible_linear_names, model_parameters, to_basis_form
+from bsi.reports import EvalReport, RoundReport
 
 ALLOCATIONS = ("uniform", "sensitivity")
 
@@ -105,7 +105,7 @@ class Method(Protocol):
 # ------------------------------------------------------------ engine methods
 @dataclass(frozen=True)
 class EngineMethod:
-    """One of the engine's scores (METHOD.md sec. 3), run by :class:`~bsi.engine.Compressor`."""
+    """One of the engine's scores (METHOD.md sec. 3), run by :class:`~bsi.method.engine.Compressor`."""
 
     name: str
     score: str

@@ -19,7 +19,7 @@ to keep, by choosing what error the truncation should be small in:
 All three return ``(U, sigma, V)`` with ``W ~= U diag(sigma) V^T`` and the
 weighting undone (``U`` or ``V`` are then no longer orthonormal, which the
 rest of bsi never assumes). :func:`install_bases` writes them into the
-model's :class:`~bsi.layers.BasisLinear` layers and keeps the top-k bases, so
+model's :class:`~bsi.method.layers.BasisLinear` layers and keeps the top-k bases, so
 every baseline goes through *the same* recovery stage (which trains sigma and
 the auxiliary vectors) and the same export and size accounting as BSI.
 
@@ -43,9 +43,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .errors import BSIError
-from .layers import BasisLinear
-from .reports import StepReport
+from bsi.errors import BSIError
+from bsi.method.layers import BasisLinear
+from bsi.reports import StepReport
 
 # --------------------------------------------------------------------- math
 

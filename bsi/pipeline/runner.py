@@ -6,7 +6,7 @@ in accuracy comes from the choice of bases and nothing else:
 1. **fine-tune** the dense model on the task (skippable; the result is cached
    under ``$BSI_CACHE/finetuned/<hash of its inputs>`` so a re-run, or a sweep
    of several methods, does it once);
-2. **compress** with :class:`~bsi.engine.Compressor` (or another method);
+2. **compress** with :class:`~bsi.method.engine.Compressor` (or another method);
 3. **recover**: fine-tune the compressed model's coefficients and auxiliary
    vectors on the task again.
 
@@ -29,19 +29,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import load_checkpoint, save_checkpoint
-from .config import PipelineConfig
-from .data import BatchStream, TaskData, load_task
-from .distributed import from_environment
-from .engine import Compressor
-from .errors import BSIError
-from .evaluate import Metrics, answer_token_loss, evaluate
-from .export import WEIGHTS, write_model_files
-from .files import atomic_directory, atomic_write_json, check_output_dir
-from .models import cache_root, load_model_and_tokenizer, model_id
-from .reparam import basis_layers, compressible_linear_names, compressible_parameters, model_parameters, to_exported_form
-from .reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
-from .train import finetune
+from bsi.pipeline.checkpoint import load_checkpoint, save_checkpoint
+from bsi.config import PipelineConfig
+from bsi.data import BatchStream, TaskData, load_task
+from bsi.pipeline.distributed import from_environment
+from bsi.method.engine import Compressor
+from bsi.errors import BSIError
+from bsi.pipeline.evaluate import Metrics, answer_token_loss, evaluate
+from bsi.pipeline.export import WEIGHTS, write_model_files
+from bsi.files import atomic_directory, atomic_write_json, check_output_dir
+from bsi.models import cache_root, load_model_and_tokenizer, model_id
+from bsi.method.surgery import basis_layers, compressible_linear_names, compressible_parameters, model_parameters, to_exported_form
+from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
+from bsi.pipeline.training import finetune
 
 Report = StageReport | StepReport | RoundReport | EvalReport | DoneReport
 
@@ -102,7 +102,7 @@ class Pipeline:
         self.config = config
         self.out_dir = check_output_dir(out_dir) if out_dir is not None else None
         self.cache_dir = cache_dir
-        self.dist = from_environment()  # several processes under accelerate/torchrun: see bsi.distributed
+        self.dist = from_environment()  # several processes under accelerate/torchrun: see bsi.pipeline.distributed
         self.device = self.dist.device(resolve_device(config.device))
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model: nn.Module | None = None

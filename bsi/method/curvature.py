@@ -21,7 +21,7 @@ Two probe scopes:
 Two ways to get ``H z``:
 
 * ``"fd"``: symmetric finite differences of gradients at ``sigma +- (eps/2) z``
-  (:func:`bsi.importance.symmetric_difference_hessian`), first-order autograd
+  (:func:`bsi.method.scores.symmetric_difference_hessian`), first-order autograd
   only, works with any attention kernel and with gradient checkpointing.
 * ``"hvp"``: exact Hessian-vector product by double backward (needs eager
   attention; see :func:`bsi.models.load_model_and_tokenizer`).
@@ -49,8 +49,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .importance import probe_vector, symmetric_difference_hessian
-from .layers import BasisLinear
+from bsi.method.scores import probe_vector, symmetric_difference_hessian
+from bsi.method.layers import BasisLinear
 
 LossFn = Callable[[nn.Module, dict], torch.Tensor]
 

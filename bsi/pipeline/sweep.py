@@ -1,11 +1,11 @@
 """``bsi sweep``: every method at every target size, one table, one figure.
 
 A sweep is a grid of *cells* (method, target ratio). Each cell runs the same
-three-stage pipeline (:class:`~bsi.methods.MethodPipeline`); the task
+three-stage pipeline (:class:`~bsi.pipeline.methods.MethodPipeline`); the task
 fine-tune is cached by hash, so it runs once for the whole grid, and the
 fine-tuned dense model is evaluated once, as the ``dense`` reference row.
 After each cell the compressed model's generation speed is measured against
-the dense model *in the same call* (:mod:`bsi.speed`).
+the dense model *in the same call* (:mod:`bsi.analysis.speed`).
 
 Outputs in ``--out DIR``, all rewritten atomically after every cell:
 
@@ -32,16 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import CompressConfig, PipelineConfig, deep_update, make_config
-from .errors import BSIError
-from .evaluate import Metrics
-from .files import atomic_write_text, check_output_dir
-from .methods import ALLOCATIONS, METHODS, BaselineConfig, MethodPipeline, get_method
-from .models import load_model_and_tokenizer
-from .pipeline import Pipeline, Report
-from .reparam import compressible_parameters, model_parameters
-from .reports import DoneReport, StageReport
-from .speed import measure_speeds
+from bsi.config import CompressConfig, PipelineConfig, deep_update, make_config
+from bsi.errors import BSIError
+from bsi.pipeline.evaluate import Metrics
+from bsi.files import atomic_write_text, check_output_dir
+from bsi.pipeline.methods import ALLOCATIONS, METHODS, BaselineConfig, MethodPipeline, get_method
+from bsi.models import load_model_and_tokenizer
+from bsi.pipeline.runner import Pipeline, Report
+from bsi.method.surgery import compressible_parameters, model_parameters
+from bsi.reports import DoneReport, StageReport
+from bsi.analysis.speed import measure_speeds
 
 DEFAULT_TARGETS = (0.8, 0.6, 0.4, 0.25, 0.15)
 REFERENCE = "dense"
@@ -255,7 +255,7 @@ class Sweep:
 
     def _plain_model(self):
         """The original dense model, the speed reference (weights do not change speed)."""
-        from .pipeline import resolve_device, resolve_dtype
+        from bsi.pipeline.runner import resolve_device, resolve_dtype
 
         device = resolve_device(self.config.device)
         return load_model_and_tokenizer(self.config.model, dtype=resolve_dtype(self.config.dtype, device),
@@ -391,7 +391,7 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .progress import ProgressPrinter
+    from bsi.progress import ProgressPrinter
 
     sweep = Sweep(config_from_args(args), parse_methods(args.methods), parse_targets(args.targets), args.out,
                   BaselineConfig(alpha=args.alpha, calibration_batches=args.calibration_batches,

@@ -21,7 +21,7 @@ number of Rademacher probes averaged by the Hutchinson estimator
   from the importance score: :func:`loss_change_bound` and, with an estimated
   Hessian diagonal of relative error ``e``, :func:`loss_change_bound_estimated`.
 * **Perturbation intensity.** :func:`eps_rule` (the same function as
-  :func:`bsi.importance.eps_rule`, re-exported here so that all the method's
+  :func:`bsi.method.scores.eps_rule`, re-exported here so that all the method's
   formulas sit in one place).
 """
 
@@ -33,8 +33,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .errors import BSIError
-from .importance import eps_rule
+from bsi.errors import BSIError
+from bsi.method.scores import eps_rule
 
 __all__ = [
     "eps_rule", "generalized_harmonic", "hutchinson_variance", "loss_change_bound", "loss_change_bound_estimated",

@@ -1,0 +1,1 @@
+"""Looking at models and results: Hessian spectra, decoding speed, side-by-side generations."""
