@@ -1,0 +1,40 @@
+"""Task data: math word problems, prompts, token labels and mini-batches.
+
+A task is a list of :class:`Example` (a question and a worked answer whose
+last line is ``#### <number>``, the GSM8K format) split into train and test.
+:func:`load_task` reads one from
+
+* ``"embedded-math"``: grade-school word problems generated on the fly
+  (:func:`generate_math_problems`), so bsi runs with no download;
+* a local ``.jsonl`` file, one JSON object per line (GSM8K's own
+  ``train.jsonl`` works as it is);
+* a ``datasets`` hub name such as ``"openai/gsm8k"`` (needs network access).
+
+The modules: :mod:`~bsi.data.examples` (the data types),
+:mod:`~bsi.data.problems` (the generator), :mod:`~bsi.data.tasks` (loading),
+:mod:`~bsi.data.batches` (prompts, labels, batches) and
+:mod:`~bsi.data.answers` (reading the final number). Everything public is
+importable from ``bsi.data`` itself.
+"""
+
+from bsi.data.answers import answers_match, extract_answer
+from bsi.data.batches import (
+    IGNORE_INDEX,
+    BatchStream,
+    build_prompt,
+    collate,
+    encode_example,
+    encode_prompt,
+    end_of_turn_text,
+    pad_id,
+    stop_token_ids,
+)
+from bsi.data.examples import Example, TaskData
+from bsi.data.problems import DEFAULT_TRAIN_SIZE, EMBEDDED_TASK, generate_math_problems
+from bsi.data.tasks import MAX_LINE_BYTES, load_task, read_jsonl
+
+__all__ = [
+    "DEFAULT_TRAIN_SIZE", "EMBEDDED_TASK", "IGNORE_INDEX", "MAX_LINE_BYTES", "BatchStream", "Example", "TaskData",
+    "answers_match", "build_prompt", "collate", "encode_example", "encode_prompt", "end_of_turn_text",
+    "extract_answer", "generate_math_problems", "load_task", "pad_id", "read_jsonl", "stop_token_ids",
+]
