@@ -48,7 +48,7 @@ from torch import nn
 from bsi.data import BatchStream, load_task
 from bsi.errors import BSIError
 from bsi.method.curvature import evaluation_mode, hessian_vector_product, profile_batch, sigma_gradients, shifted_sigma
-from bsi.pipeline.evaluate import answer_token_loss
+from bsi.pipeline.losses import answer_token_loss
 from bsi.files import atomic_write_json, atomic_write_text
 from bsi.method.scores import eps_rule, rademacher, symmetric_difference_hessian
 from bsi.models import load_model_and_tokenizer

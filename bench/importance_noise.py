@@ -38,7 +38,7 @@ from common import real_batches  # noqa: E402
 from bsi.config import CompressConfig  # noqa: E402
 from bsi.method.engine import Compressor  # noqa: E402
 from bsi.method.curvature import evaluation_mode, profile_batch, sigma_gradients  # noqa: E402
-from bsi.pipeline.evaluate import answer_token_loss  # noqa: E402
+from bsi.pipeline.losses import answer_token_loss  # noqa: E402
 from bsi.method.scores import importance_scores  # noqa: E402
 from bsi.models import load_model_and_tokenizer  # noqa: E402
 

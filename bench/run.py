@@ -45,7 +45,7 @@ from common import Timings, interleave, load_embedded, machine, real_batches, to
 from bsi.config import CompressConfig, make_config  # noqa: E402
 from bsi.method.engine import Compressor  # noqa: E402
 from bsi.method.curvature import profile_batch  # noqa: E402
-from bsi.pipeline.evaluate import answer_token_loss  # noqa: E402
+from bsi.pipeline.losses import answer_token_loss  # noqa: E402
 from bsi.method.layers import BasisLinear  # noqa: E402
 from bsi.method.surgery import basis_layers, compressible_parameters, model_parameters, to_exported_form  # noqa: E402
 

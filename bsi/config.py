@@ -2,17 +2,22 @@
 
 Three levels:
 
-* :class:`CompressConfig` — the pruning stage (METHOD.md sec. 5): schedule,
-  score, perturbation intensity, candidate pool, learning rates.
-* :class:`FinetuneConfig` — a plain fine-tuning stage (stage 1 on the dense
-  model, stage 3 on the compressed one).
+* :class:`CompressConfig` — the pruning stage (the method's Algorithm 1):
+  schedule, size, bases, score, curvature source, learning rates.
+* :class:`FinetuneConfig` — stage 1, task fine-tuning of the dense model;
+  :class:`RecoverConfig` — stage 3, fine-tuning the compressed model.
 * :class:`PipelineConfig` — the whole run: model, data, the three stages,
   evaluation and numerics.
 
-Every dataclass validates itself in ``__post_init__`` and raises
+Every field carries its help text in its metadata (:func:`option`). The
+command line (``bsi compress --help``), the sweep's flags and the dashboard's
+form are all built from these fields, so a new setting needs to be written
+once, here. Every dataclass validates itself in ``__post_init__`` and raises
 :class:`~bsi.errors.BSIError` with a one-line message naming the field, so a
 bad value is caught before any model is loaded or any file is touched.
 ``from_dict`` rejects unknown keys, so a typo in a JSON config fails loudly.
+
+This module imports nothing heavy (no torch), so ``bsi --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -24,20 +29,47 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bsi.errors import BSIError
-from bsi.method.scores import SCORES
+from .errors import BSIError
 
-PROBE_SCOPES = ("model", "layer")
+SCORES = ("bsi", "bsi-grad", "basel")
+SIZE_MODES = ("target", "keep")
+SELECTIONS = ("mass", "global")
+BASES = ("whitened", "svd")
+CURVATURES = ("fisher", "mc-fisher", "hutchinson")
+PROBE_SCOPES = ("layer", "model")
 HESSIAN_METHODS = ("fd", "hvp")
 CENTER_GRADIENTS = ("exact", "average")
+RECOVER_TARGETS = ("factors", "sigma")
 DTYPES = ("float32", "bfloat16", "float16")
 
 T = TypeVar("T")
 
 
+def option(default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple | None = None,
+           sets: dict[str, Any] | None = None, cli: bool = True, default_factory: Any = dataclasses.MISSING,
+           metavar: str | None = None) -> Any:
+    """A dataclass field with the metadata the CLI and the dashboard are generated from.
+
+    Args:
+        help: one line shown by ``--help`` and next to the dashboard's input.
+        choices: the allowed values (validated, listed in the help).
+        sets: other fields this one implies when a user gives it, e.g.
+            ``keep_ratio`` sets ``size_mode="keep"`` (see :func:`implied_updates`).
+        cli: False hides the field from the command line (still settable in JSON).
+    """
+    meta = {"help": help, "choices": choices, "sets": dict(sets or {}), "cli": cli, "metavar": metavar}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise BSIError(message)
+
+
+def _check_choice(value: Any, name: str, choices: tuple) -> None:
+    _check(value in choices, f"{name} must be one of {', '.join(map(str, choices))}, got '{value}'")
 
 
 class _JsonConfig:
@@ -61,7 +93,7 @@ class _JsonConfig:
             )
         kwargs = {}
         for name, value in data.items():
-            sub = _NESTED.get((cls.__name__, name))
+            sub = NESTED.get((cls.__name__, name))
             kwargs[name] = sub.from_dict(value) if sub is not None and isinstance(value, dict) else value
         try:
             return cls(**kwargs)  # type: ignore[call-arg]
@@ -82,67 +114,108 @@ class _JsonConfig:
 
 @dataclass
 class CompressConfig(_JsonConfig):
-    """The pruning stage: Algorithm 1 of METHOD.md, plus the target-size mode.
+    """The pruning stage: the method's Algorithm 1, with the target-size mode and gradual cuts.
 
-    Schedule (paper names in brackets)::
+    Schedule (the method's names in brackets)::
 
         total iterations  = iters_per_epoch [NumIterPerEpoch] * pruning_epochs [PruningEpochs]
-        per round         = round(total / rounds [PruningRounds T])           [IterPerPruning]
+        per round         = round(total / rounds [PruningRounds T])               [IterPerPruning]
         profiling / round = round(sampling_ratio [SamplingIterRatio] * per round) [NumProfilingIter]
-        keep per round    = keep_ratio [KeepRatio] ** (1 / rounds)            [KeepRatioPerPruning]
+        keep per round    = keep_ratio [KeepRatio] ** (1 / rounds)                [KeepRatioPerPruning]
 
-    Exactly one of ``keep_ratio`` (the paper's importance-mass rule) and
-    ``target_ratio`` (final parameters of the compressible layers / before)
-    drives how much is pruned.
+    ``size_mode`` says what decides how much goes: ``target`` (the final size
+    of the compressible layers, ``target_ratio`` of their dense size, reached
+    through per-round budgets that shrink evenly) or ``keep`` (the paper's
+    importance-mass rule with ``keep_ratio``).
     """
 
-    score: str = "bsi"
-    keep_ratio: float | None = 0.5
-    target_ratio: float | None = None
-    rounds: int = 4
-    pruning_epochs: float = 1.0
-    iters_per_epoch: int = 40
-    sampling_ratio: float = 0.25
-    gamma: float = 1.0
-    eps: float | None = None  # None: the rule for the run's dtype (see bsi.method.scores.eps_rule)
-    eps_alpha: float = 0.01
-    eps_max: float = 0.1
-    probe_scope: str = "model"
-    hessian_method: str = "fd"
-    probes_per_batch: int = 1
-    center_gradient: str = "exact"  # "average": (g+ + g-)/2 replaces the centre pass (model scope, fd)
-    aux_rank: int = 8
-    lr: float = 1e-3  # learning rate of sigma
-    aux_lr: float = 2e-4  # learning rate of the auxiliary vectors
-    max_skipped_batches: int = 20
-    seed: int = 0
+    score: str = option("bsi", "importance score: bsi (gradient + curvature), bsi-grad (gradient only), "
+                               "basel (|sigma|)", choices=SCORES)
+    size_mode: str = option("target", "what sets the amount pruned: target (final size) or keep (the "
+                                      "importance-mass rule)", choices=SIZE_MODES)
+    target_ratio: float = option(0.7, "final parameters of the compressible layers / before, in (0, 1] "
+                                      "(size mode target)", sets={"size_mode": "target"}, metavar="R")
+    keep_ratio: float = option(0.6, "KeepRatio of the importance-mass rule, in (0, 1] (size mode keep)",
+                               sets={"size_mode": "keep"}, metavar="K")
+    rounds: int = option(4, "PruningRounds T: pruning rounds")
+    iters_per_epoch: int = option(32, "NumIterPerEpoch: iterations of the pruning stage per epoch")
+    pruning_epochs: float = option(1.0, "PruningEpochs")
+    sampling_ratio: float = option(0.25, "SamplingIterRatio: share of each round spent profiling, in (0, 1]")
+    gamma: float = option(1.0, "candidate-pool exponent: rho = ratio ** (gamma / rounds) of the sigma mass is "
+                               "protected; larger gamma, larger pools")
+    selection: str = option("mass", "size mode target: which bases meet a round's budget: mass (one keep "
+                                    "fraction shared by every layer's mass rule) or global (least importance "
+                                    "per parameter across layers; bsi and bsi-grad only)", choices=SELECTIONS)
+    max_cut_factor: float = option(2.0, "a round removes at most this multiple of its even share of any "
+                                        "layer's bases (0: no limit, the paper's rule)")
+    bases: str = option("whitened", "bases of the Basel form: whitened (SVD of W S, S S^T the covariance of "
+                                    "the layer's inputs on task batches) or svd (SVD of W)", choices=BASES)
+    calibration_batches: int = option(16, "task batches whose inputs set the whitened bases")
+    whitening_damping: float = option(1e-3, "added to the input covariance, times its mean diagonal, before "
+                                            "the Cholesky factorisation")
+    curvature: str = option("fisher", "curvature source for the second-order term: fisher (per-example "
+                                      "gradients, free), mc-fisher (labels sampled from the model, one "
+                                      "extra backward), hutchinson (the method's symmetric perturbations)",
+                            choices=CURVATURES)
+    probe_scope: str = option("layer", "hutchinson: one joint probe over the model, or one per layer",
+                              choices=PROBE_SCOPES)
+    hessian_method: str = option("fd", "hutchinson: fd (finite differences of gradients) or hvp (exact "
+                                       "Hessian-vector products by double backward)", choices=HESSIAN_METHODS)
+    probes_per_batch: int = option(1, "hutchinson: probes averaged on each profiling batch")
+    center_gradient: str = option("exact", "hutchinson fd, model scope: exact (own pass) or average "
+                                           "((g+ + g-)/2, one pass fewer)", choices=CENTER_GRADIENTS)
+    eps: float | None = option(None, "perturbation intensity in (0, 1) (default: the rule for the dtype)")
+    eps_alpha: float = option(0.01, "eps rule: allowed relative rounding error alpha")
+    eps_max: float = option(0.1, "eps rule: upper bound eps_max < 1")
+    eps_floor: float = option(1e-4, "eps rule: lower bound (fp32 round-off of the gradients swamps smaller "
+                                     "steps); 0 keeps the method's rule")
+    aux_rank: int = option(8, "auxiliary vectors per layer")
+    lr: float = option(1e-3, "learning rate of sigma while pruning")
+    aux_lr: float = option(2e-4, "learning rate of the auxiliary vectors while pruning")
+    distill: float = option(0.0, "weight of the distillation loss (KL to the fine-tuned dense model) in the "
+                                 "tuning steps, in [0, 1]; 0: the task loss only")
+    max_skipped_batches: int = option(20, "stop after this many batches with non-finite values", cli=False)
+    seed: int = option(0, "seed of the probes and the auxiliary vectors", cli=False)
 
     def __post_init__(self) -> None:
-        _check(self.score in SCORES, f"score must be one of {', '.join(SCORES)}, got '{self.score}'")
-        _check(
-            (self.keep_ratio is None) != (self.target_ratio is None),
-            "give exactly one of keep_ratio (--keep-ratio) and target_ratio (--target-ratio)",
-        )
-        if self.keep_ratio is not None:
-            _check(0 < self.keep_ratio <= 1, f"keep_ratio must be in (0, 1], got {self.keep_ratio}")
-        if self.target_ratio is not None:
-            _check(0 < self.target_ratio <= 1, f"target_ratio must be in (0, 1], got {self.target_ratio}")
-        _check(isinstance(self.rounds, int) and self.rounds >= 1, f"rounds must be an integer >= 1, got {self.rounds}")
-        _check(self.pruning_epochs > 0, f"pruning_epochs must be > 0, got {self.pruning_epochs}")
-        _check(self.iters_per_epoch >= 1, f"iters_per_epoch must be >= 1, got {self.iters_per_epoch}")
-        _check(0 < self.sampling_ratio <= 1, f"sampling_ratio must be in (0, 1], got {self.sampling_ratio}")
-        _check(self.gamma > 0, f"gamma must be > 0, got {self.gamma}")
+        _check_choice(self.score, "score", SCORES)
+        _check_choice(self.size_mode, "size_mode", SIZE_MODES)
+        _check_choice(self.selection, "selection", SELECTIONS)
+        _check(self.selection == "mass" or self.score != "basel",
+               "selection global compares importance across layers, which basel's |sigma| cannot do; use selection mass")
+        _check_choice(self.bases, "bases", BASES)
+        _check_choice(self.curvature, "curvature", CURVATURES)
+        _check_choice(self.probe_scope, "probe_scope", PROBE_SCOPES)
+        _check_choice(self.hessian_method, "hessian_method", HESSIAN_METHODS)
+        _check_choice(self.center_gradient, "center_gradient", CENTER_GRADIENTS)
+        _check(_number(self.keep_ratio) and 0 < self.keep_ratio <= 1, f"keep_ratio must be in (0, 1], got {self.keep_ratio}")
+        _check(_number(self.target_ratio) and 0 < self.target_ratio <= 1,
+               f"target_ratio must be in (0, 1], got {self.target_ratio}")
+        _check(_integer(self.rounds) and self.rounds >= 1, f"rounds must be an integer >= 1, got {self.rounds}")
+        _check(_number(self.pruning_epochs) and self.pruning_epochs > 0, f"pruning_epochs must be > 0, got {self.pruning_epochs}")
+        _check(_integer(self.iters_per_epoch) and self.iters_per_epoch >= 1,
+               f"iters_per_epoch must be an integer >= 1, got {self.iters_per_epoch}")
+        _check(_number(self.sampling_ratio) and 0 < self.sampling_ratio <= 1,
+               f"sampling_ratio must be in (0, 1], got {self.sampling_ratio}")
+        _check(_number(self.gamma) and self.gamma > 0, f"gamma must be > 0, got {self.gamma}")
+        _check(_number(self.max_cut_factor) and (self.max_cut_factor == 0 or self.max_cut_factor >= 1),
+               f"max_cut_factor must be 0 (no limit) or >= 1, got {self.max_cut_factor}")
+        _check(_integer(self.calibration_batches) and self.calibration_batches >= 1,
+               f"calibration_batches must be an integer >= 1, got {self.calibration_batches}")
+        _check(_number(self.whitening_damping) and self.whitening_damping >= 0,
+               f"whitening_damping must be >= 0, got {self.whitening_damping}")
         if self.eps is not None:
-            _check(0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps}")
-        _check(self.eps_alpha > 0, f"eps_alpha must be > 0, got {self.eps_alpha}")
-        _check(0 < self.eps_max < 1, f"eps_max must be in (0, 1), got {self.eps_max}")
-        _check(self.probe_scope in PROBE_SCOPES, f"probe_scope must be one of {', '.join(PROBE_SCOPES)}, got '{self.probe_scope}'")
-        _check(self.hessian_method in HESSIAN_METHODS, f"hessian_method must be one of {', '.join(HESSIAN_METHODS)}, got '{self.hessian_method}'")
-        _check(self.center_gradient in CENTER_GRADIENTS,
-               f"center_gradient must be one of {', '.join(CENTER_GRADIENTS)}, got '{self.center_gradient}'")
-        _check(self.probes_per_batch >= 1, f"probes_per_batch must be >= 1, got {self.probes_per_batch}")
-        _check(self.aux_rank >= 0, f"aux_rank must be >= 0, got {self.aux_rank}")
-        _check(self.lr >= 0 and self.aux_lr >= 0, "learning rates must be >= 0")
+            _check(_number(self.eps) and 0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps}")
+        _check(_number(self.eps_alpha) and self.eps_alpha > 0, f"eps_alpha must be > 0, got {self.eps_alpha}")
+        _check(_number(self.eps_max) and 0 < self.eps_max < 1, f"eps_max must be in (0, 1), got {self.eps_max}")
+        _check(_number(self.eps_floor) and 0 <= self.eps_floor <= self.eps_max,
+               f"eps_floor must be in [0, eps_max], got {self.eps_floor}")
+        _check(_integer(self.probes_per_batch) and self.probes_per_batch >= 1,
+               f"probes_per_batch must be an integer >= 1, got {self.probes_per_batch}")
+        _check(_integer(self.aux_rank) and self.aux_rank >= 0, f"aux_rank must be an integer >= 0, got {self.aux_rank}")
+        _check(_number(self.lr) and _number(self.aux_lr) and self.lr >= 0 and self.aux_lr >= 0,
+               "learning rates must be >= 0")
+        _check(_number(self.distill) and 0 <= self.distill <= 1, f"distill must be in [0, 1], got {self.distill}")
         _check(self.max_skipped_batches >= 0, "max_skipped_batches must be >= 0")
         if self.round_length < 2:
             raise BSIError(
@@ -151,6 +224,11 @@ class CompressConfig(_JsonConfig):
             )
 
     # Derived schedule -----------------------------------------------------
+    @property
+    def ratio(self) -> float:
+        """The ratio that applies in the current size mode (``target_ratio`` or ``keep_ratio``)."""
+        return self.target_ratio if self.size_mode == "target" else self.keep_ratio
+
     @property
     def total_iters(self) -> int:
         """NumIterPerEpoch * PruningEpochs."""
@@ -168,87 +246,138 @@ class CompressConfig(_JsonConfig):
 
     @property
     def keep_per_round(self) -> float:
-        """KeepRatioPerPruning = KeepRatio ** (1/T) (importance-mass mode)."""
-        return (self.keep_ratio if self.keep_ratio is not None else 1.0) ** (1 / self.rounds)
+        """KeepRatioPerPruning = KeepRatio ** (1/T) (size mode keep)."""
+        return self.keep_ratio ** (1 / self.rounds)
 
     @property
     def pool_rho(self) -> float:
-        """rho = KeepRatio ** (gamma / T): share of sigma mass protected from the pool."""
-        ratio = self.keep_ratio if self.keep_ratio is not None else self.target_ratio
-        return float(ratio) ** (self.gamma / self.rounds)
+        """rho = ratio ** (gamma / T): share of sigma mass protected from the pool."""
+        return float(self.ratio) ** (self.gamma / self.rounds)
 
 
 @dataclass
 class FinetuneConfig(_JsonConfig):
-    """A fine-tuning stage: ``steps`` AdamW steps at peak learning rate ``lr``."""
+    """Stage 1, task fine-tuning of the dense model: ``steps`` AdamW steps at peak learning rate ``lr``."""
 
-    steps: int = 100
-    lr: float = 1e-4
-    warmup_steps: int = 10
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    steps: int = option(100, "AdamW steps (0: skip the stage)")
+    lr: float = option(1e-4, "peak learning rate (linear warm-up, then cosine decay to a tenth)")
+    warmup_steps: int = option(10, "steps of linear warm-up")
+    weight_decay: float = option(0.0, "AdamW weight decay", cli=False)
+    max_grad_norm: float = option(1.0, "gradient-norm clipping", cli=False)
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.steps, int) and self.steps >= 0, f"fine-tune steps must be an integer >= 0, got {self.steps}")
-        _check(self.lr >= 0, f"fine-tune lr must be >= 0, got {self.lr}")
-        _check(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        _check(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+        _check(_integer(self.steps) and self.steps >= 0, f"steps must be an integer >= 0, got {self.steps}")
+        _check(_number(self.lr) and self.lr >= 0, f"lr must be >= 0, got {self.lr}")
+        _check(_integer(self.warmup_steps) and self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        _check(_number(self.max_grad_norm) and self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}")
+
+
+@dataclass
+class RecoverConfig(FinetuneConfig):
+    """Stage 3, recovery: fine-tune the compressed model on the task again.
+
+    ``train="factors"`` trains the compressed model's own parameters: the two
+    factors of every low-rank layer (``U diag(sigma)`` and ``V``), the layers
+    kept dense, and the norms (and the embeddings if asked). ``train="sigma"``
+    trains only the coefficients and auxiliary vectors, as the method's
+    pruning stage does (the paper-faithful ablation).
+    """
+
+    steps: int = option(40, "AdamW steps (0: skip the stage)")
+    lr: float = option(2e-5, "peak learning rate (linear warm-up, then cosine decay to a tenth)")
+    warmup_steps: int = option(4, "steps of linear warm-up")
+    train: str = option("factors", "what recovery trains: factors (the low-rank factors, dense layers and "
+                                   "norms) or sigma (coefficients and auxiliary vectors only)", choices=RECOVER_TARGETS)
+    train_embeddings: bool = option(False, "recovery also trains the embeddings (factors only)")
+    distill: float = option(0.0, "weight of the distillation loss (KL to the fine-tuned dense model), in [0, 1]")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_choice(self.train, "train", RECOVER_TARGETS)
+        _check(_number(self.distill) and 0 <= self.distill <= 1, f"distill must be in [0, 1], got {self.distill}")
 
 
 @dataclass
 class PipelineConfig(_JsonConfig):
     """The three-stage pipeline: (1) task fine-tune, (2) compress, (3) recovery fine-tune."""
 
-    model: str = "smollm2-135m-instruct"
-    data: str = "embedded-math"
-    question_field: str = "question"
-    answer_field: str = "answer"
-    train_size: int | None = None
-    test_size: int = 100
-    batch_size: int = 8
-    max_length: int = 256
-    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
-    compress: CompressConfig = field(default_factory=CompressConfig)
-    recover: FinetuneConfig = field(default_factory=lambda: FinetuneConfig(steps=40, lr=5e-4, warmup_steps=4))
-    skip_finetune: bool = False
-    eval_examples: int = 100
-    eval_batch_size: int = 16
-    max_new_tokens: int = 96
-    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
-    device: str = "auto"  # auto: cuda if available
-    trust_remote_code: bool = False
-    gradient_checkpointing: bool = False
-    seed: int = 0
-    preset: str | None = None
+    model: str = option("smollm2-135m-instruct", "model: smollm2-135m-instruct (embedded), tiny-random-llama, "
+                                                 "a local folder or a hub id")
+    data: str = option("embedded-math", "task data: embedded-math, a local .jsonl file or a datasets hub name")
+    question_field: str = option("question", "JSON field holding the question")
+    answer_field: str = option("answer", "JSON field holding the worked answer (last line '#### <number>')")
+    train_size: int | None = option(None, "cap on training examples (default: all; 2000 generated for the "
+                                          "embedded task)")
+    test_size: int = option(100, "held-out test examples")
+    batch_size: int = option(8, "examples per mini-batch")
+    max_length: int = option(256, "longest tokenised example (prompt + answer)")
+    finetune: FinetuneConfig = option(default_factory=FinetuneConfig, help="stage 1")
+    compress: CompressConfig = option(default_factory=CompressConfig, help="stage 2")
+    recover: RecoverConfig = option(default_factory=RecoverConfig, help="stage 3")
+    skip_finetune: bool = option(False, "start from the model as given (no stage 1)")
+    distill_temperature: float = option(1.0, "softmax temperature of the distillation loss")
+    eval_examples: int = option(100, "test examples scored for accuracy (0: skip evaluation)")
+    eval_batch_size: int = option(16, "examples per evaluation batch")
+    max_new_tokens: int = option(96, "longest generated answer")
+    dtype: str = option("auto", "auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16",
+                        choices=("auto",) + DTYPES)
+    device: str = option("auto", "auto | cpu | cuda[:N]")
+    trust_remote_code: bool = option(False, "allow custom model code from the hub")
+    gradient_checkpointing: bool = option(False, "recompute activations in backward (less memory)")
+    seed: int = option(0, "seed of data order, splits and probes")
+    preset: str | None = option(None, "the preset this configuration started from", cli=False)
 
     def __post_init__(self) -> None:
-        for name in ("finetune", "recover"):
+        for name, kind in (("finetune", FinetuneConfig), ("recover", RecoverConfig), ("compress", CompressConfig)):
             if isinstance(getattr(self, name), dict):
-                setattr(self, name, FinetuneConfig.from_dict(getattr(self, name)))
-        if isinstance(self.compress, dict):
-            self.compress = CompressConfig.from_dict(self.compress)
+                setattr(self, name, kind.from_dict(getattr(self, name)))
         _check(bool(self.model), "model must not be empty")
         _check(bool(self.data), "data must not be empty")
-        _check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
-        _check(self.max_length >= 16, f"max_length must be >= 16, got {self.max_length}")
-        _check(self.test_size >= 1, f"test_size must be >= 1, got {self.test_size}")
-        _check(self.eval_examples >= 0, f"eval_examples must be >= 0, got {self.eval_examples}")
-        _check(self.eval_batch_size >= 1, f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
-        _check(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        _check(self.dtype in ("auto",) + DTYPES, f"dtype must be auto or one of {', '.join(DTYPES)}, got '{self.dtype}'")
-        _check(self.train_size is None or self.train_size >= 1, f"train_size must be >= 1, got {self.train_size}")
+        _check(_integer(self.batch_size) and self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        _check(_integer(self.max_length) and self.max_length >= 16, f"max_length must be >= 16, got {self.max_length}")
+        _check(_integer(self.test_size) and self.test_size >= 1, f"test_size must be >= 1, got {self.test_size}")
+        _check(_integer(self.eval_examples) and self.eval_examples >= 0, f"eval_examples must be >= 0, got {self.eval_examples}")
+        _check(_integer(self.eval_batch_size) and self.eval_batch_size >= 1,
+               f"eval_batch_size must be >= 1, got {self.eval_batch_size}")
+        _check(_integer(self.max_new_tokens) and self.max_new_tokens >= 1,
+               f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        _check(_number(self.distill_temperature) and self.distill_temperature > 0,
+               f"distill_temperature must be > 0, got {self.distill_temperature}")
+        _check_choice(self.dtype, "dtype", ("auto",) + DTYPES)
+        _check(self.train_size is None or (_integer(self.train_size) and self.train_size >= 1),
+               f"train_size must be >= 1, got {self.train_size}")
+
+    @property
+    def needs_teacher(self) -> bool:
+        """True when a stage distils from the fine-tuned dense model (a frozen copy is kept)."""
+        return self.compress.distill > 0 or self.recover.distill > 0
 
 
-_NESTED: dict[tuple[str, str], type] = {
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _integer(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+#: (class name, field) -> the dataclass of a nested section.
+NESTED: dict[tuple[str, str], type] = {
     ("PipelineConfig", "finetune"): FinetuneConfig,
-    ("PipelineConfig", "recover"): FinetuneConfig,
+    ("PipelineConfig", "recover"): RecoverConfig,
     ("PipelineConfig", "compress"): CompressConfig,
 }
+SECTIONS = ("finetune", "compress", "recover")
+
+
+def field_help(cls: type, name: str) -> str:
+    """The help text of a config field (for the CLI and the dashboard)."""
+    return {f.name: f for f in dataclasses.fields(cls)}[name].metadata.get("help", "")
 
 
 # ---------------------------------------------------------------- presets
-#: Named starting points; CLI flags override them. Values are nested dicts of
-#: PipelineConfig fields.
+#: Named starting points; flags and overrides go on top. Values are nested
+#: dicts of PipelineConfig fields.
 PRESETS: dict[str, dict[str, Any]] = {
     # Seconds, on the tiny random model: for tests and smoke runs.
     "smoke": {
@@ -259,10 +388,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_length": 128,
         "max_new_tokens": 16,
         "finetune": {"steps": 4, "lr": 1e-3, "warmup_steps": 0},
-        "compress": {"rounds": 2, "iters_per_epoch": 8, "sampling_ratio": 0.5, "keep_ratio": 0.5, "aux_rank": 2},
+        "compress": {"rounds": 2, "iters_per_epoch": 8, "sampling_ratio": 0.5, "target_ratio": 0.6, "aux_rank": 2,
+                     "calibration_batches": 2},
         "recover": {"steps": 4, "lr": 1e-3, "warmup_steps": 0},
     },
-    # The CPU demo on the embedded model: about 10 minutes on 2 cores (8 to 10 min measured, fine-tune included).
+    # The CPU demo on the embedded model (2 cores).
     "default": {
         "test_size": 100,
         "eval_examples": 100,
@@ -270,12 +400,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_length": 160,
         "max_new_tokens": 48,
         "finetune": {"steps": 50, "lr": 2e-4, "warmup_steps": 5},
-        "compress": {"rounds": 4, "iters_per_epoch": 32, "sampling_ratio": 0.25, "keep_ratio": 0.6},
-        "recover": {"steps": 16, "lr": 5e-4, "warmup_steps": 2},
+        "compress": {"rounds": 4, "iters_per_epoch": 32, "sampling_ratio": 0.25, "target_ratio": 0.7},
+        "recover": {"steps": 16, "lr": 2e-5, "warmup_steps": 2},
     },
-    # A comparison sweep of the embedded model on a 2-core CPU (two to three minutes a cell). Stage 1
-    # is the default preset's, so its cached fine-tune is shared; compression is 2 short rounds and
-    # recovery 8 steps, with 50 test examples. Shows trends, not the paper's numbers.
+    # A comparison sweep of the embedded model on a 2-core CPU. Stage 1 is the default preset's, so its
+    # cached fine-tune is shared.
     "sweep-cpu": {
         "test_size": 100,
         "eval_examples": 50,
@@ -283,8 +412,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_length": 160,
         "max_new_tokens": 48,
         "finetune": {"steps": 50, "lr": 2e-4, "warmup_steps": 5},
-        "compress": {"rounds": 2, "iters_per_epoch": 12, "sampling_ratio": 0.25, "keep_ratio": 0.6},
-        "recover": {"steps": 8, "lr": 5e-4, "warmup_steps": 1},
+        "compress": {"rounds": 2, "iters_per_epoch": 12, "sampling_ratio": 0.25},
+        "recover": {"steps": 8, "lr": 2e-5, "warmup_steps": 1},
     },
     # The paper's scale (GPU): long schedules, many profiling batches.
     "paper": {
@@ -295,8 +424,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_new_tokens": 256,
         "finetune": {"steps": 3000, "lr": 2e-5, "warmup_steps": 100},
         "compress": {"rounds": 10, "iters_per_epoch": 500, "pruning_epochs": 2.0, "sampling_ratio": 0.1,
-                     "keep_ratio": 0.3, "aux_rank": 8},
-        "recover": {"steps": 1000, "lr": 1e-4, "warmup_steps": 50},
+                     "size_mode": "keep", "keep_ratio": 0.3, "aux_rank": 8, "calibration_batches": 64},
+        "recover": {"steps": 1000, "lr": 1e-5, "warmup_steps": 50},
     },
 }
 
@@ -312,27 +441,48 @@ def deep_update(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def make_config(preset: str | None = None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
-    """Build a validated :class:`PipelineConfig` from a preset name and nested overrides.
+def implied_updates(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` plus the fields they imply (an option's ``sets`` metadata), unless given explicitly.
 
-    ``overrides`` may set ``compress.target_ratio``; the preset's
-    ``keep_ratio`` is then dropped, since the two modes exclude each other.
+    ``{"compress": {"keep_ratio": 0.4}}`` becomes
+    ``{"compress": {"keep_ratio": 0.4, "size_mode": "keep"}}``: a user who
+    gives a KeepRatio means the importance-mass rule. This is the one place
+    where one setting implies another; the CLI, the sweep and the dashboard
+    all go through it.
     """
-    data: dict[str, Any] = PipelineConfig().to_dict()
+    out = dict(overrides)
+    for section, cls in (("", PipelineConfig), *((s, NESTED[("PipelineConfig", s)]) for s in SECTIONS)):
+        values = out if not section else out.get(section)
+        if not isinstance(values, dict):
+            continue
+        values = dict(values)
+        for f in dataclasses.fields(cls):
+            for key, implied in f.metadata.get("sets", {}).items() if f.name in values else ():
+                values.setdefault(key, implied)
+        if section:
+            out[section] = values
+        else:
+            out = values
+    return out
+
+
+def make_config(preset: str | None = None, overrides: dict[str, Any] | None = None,
+                base: PipelineConfig | None = None) -> PipelineConfig:
+    """Build a validated :class:`PipelineConfig` from a preset (or a ``base`` config) and nested overrides.
+
+    Overrides may imply other fields (see :func:`implied_updates`).
+    """
+    if base is not None and preset is not None:
+        raise BSIError("give a preset or a base config, not both")
+    data: dict[str, Any] = (base or PipelineConfig()).to_dict()
     if preset is not None:
         if preset not in PRESETS:
             raise BSIError(f"unknown preset '{preset}': use one of {', '.join(PRESETS)}")
-        data = deep_update(data, PRESETS[preset])
+        data = deep_update(data, implied_updates(PRESETS[preset]))
         data["preset"] = preset
-    overrides = overrides or {}
-    comp = overrides.get("compress", {})
-    if comp.get("target_ratio") is not None and "keep_ratio" not in comp:
-        data["compress"]["keep_ratio"] = None
-    if comp.get("keep_ratio") is not None and "target_ratio" not in comp:
-        data["compress"]["target_ratio"] = None
-    data = deep_update(data, overrides)
+    data = deep_update(data, implied_updates(overrides or {}))
     return PipelineConfig.from_dict(data)
 
 
 def is_finite_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
+    return _number(x)

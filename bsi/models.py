@@ -144,6 +144,26 @@ def load_model_and_tokenizer(
     return model, _ensure_pad_token(tokenizer)
 
 
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when present, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise BSIError(f"unknown device '{name}': use auto, cpu or cuda[:N]") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BSIError(f"device '{name}' asked for but no CUDA GPU is available; use --device cpu")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto`` is bfloat16 on CUDA and float32 on CPU (sigma stays fp32 either way)."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
 def model_id(spec: str) -> str:
     """A stable string naming the model a spec loads, for cache keys.
 

@@ -62,21 +62,23 @@ class LayerRound(_Report):
 
     All vectors are indexed by the layer's *active* bases at the start of the
     round (length ``rank_before``). ``basis_ids`` maps each position to the
-    basis' index in the original SVD (0 = largest singular value), so a basis
-    can be followed across rounds.
+    basis' index in the original factorisation (0 = largest coefficient), so a
+    basis can be followed across rounds. ``grad`` and ``hessian`` are None when
+    the score does not read them (``basel`` reads neither, ``bsi-grad`` no curvature).
     """
 
     name: str
-    basis_ids: torch.Tensor  # (r,) int64, original SVD index of each active basis
+    basis_ids: torch.Tensor  # (r,) int64, original index of each active basis
     sigma: torch.Tensor  # (r,) learned coefficient sigma_i
-    grad: torch.Tensor  # (r,) E[dl/dsigma_i] over the profiling batches
-    hessian: torch.Tensor  # (r,) estimate of E[d2l/dsigma_i^2]; 0 outside the pool
-    importance: torch.Tensor  # (r,) predicted loss increase I_i of dropping basis i
+    grad: torch.Tensor | None  # (r,) E[dl/dsigma_i] over the profiling batches
+    hessian: torch.Tensor | None  # (r,) curvature estimate of E[d2l/dsigma_i^2]; 0 outside the pool
+    importance: torch.Tensor  # (r,) the score: predicted loss increase I_i of dropping basis i
     pool: torch.Tensor  # (p,) int64 positions of the candidate pool
     pruned: torch.Tensor  # (q,) int64 positions removed this round (subset of pool)
     rank_before: int
     rank_after: int
     params_after: int  # parameters of this layer after the round
+    terms: dict = field(default_factory=dict)  # name -> (r,): the parts of the score ("gradient", "curvature", ...)
 
 
 @dataclass(frozen=True)
@@ -89,10 +91,15 @@ class RoundReport(_Report):
     params_total: int  # whole model, after the round
     params_compressible: int  # the re-parameterised layers, after the round
     compressible_before: int  # the same layers as dense matrices, before compression
-    eps: float  # perturbation intensity used for the Hessian estimate
+    eps: float  # perturbation intensity of the hutchinson estimator
     mean_loss: float  # mean training loss over the round's tuning steps
     skipped_batches: int  # batches ignored for non-finite values so far
     elapsed: float  # seconds since compression started
+    removed: int = 0  # bases removed this round, all layers
+    loss_before: float = float("nan")  # task loss on the fixed monitor batch just before the cut
+    loss_after: float = float("nan")  # the same just after it
+    curvature: str = ""  # what the profiling measured: a curvature source, "gradient" or "none"
+    score: str = ""
 
     @property
     def compressible_ratio(self) -> float:

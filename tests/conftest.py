@@ -52,11 +52,35 @@ def make_tiny_llama(tied: bool = False, vocab: int = 97, seed: int = 0) -> Llama
         return LlamaForCausalLM(config).eval()
 
 
-def lm_loss(model, batch):
-    """Next-token cross-entropy over all positions (a stand-in task loss for engine tests)."""
-    ids = batch["input_ids"]
-    logits = model(input_ids=ids).logits[:, :-1].float()  # (B, T-1, V)
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+class LMLoss:
+    """Next-token cross-entropy over all positions (a stand-in task loss for engine tests).
+
+    Like bsi's answer-token loss it can count its terms (for the fisher
+    curvature) and draw its labels from the model (for mc-fisher).
+    """
+
+    @staticmethod
+    def _logits(model, batch):
+        ids = batch["input_ids"]
+        return model(input_ids=ids).logits[:, :-1].float(), ids[:, 1:]  # (B, T-1, V), (B, T-1)
+
+    def __call__(self, model, batch):
+        logits, targets = self._logits(model, batch)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    @staticmethod
+    def count(batch):
+        ids = batch["input_ids"]
+        return ids.shape[0] * (ids.shape[1] - 1)
+
+    def sampled(self, model, batch, generator=None):
+        logits, _ = self._logits(model, batch)
+        flat = logits.reshape(-1, logits.shape[-1])
+        drawn = torch.multinomial(torch.softmax(flat.detach(), -1), 1, generator=generator).squeeze(1)
+        return torch.nn.functional.cross_entropy(flat, drawn)
+
+
+lm_loss = LMLoss()
 
 
 def token_batches(vocab: int = 97, batch: int = 4, length: int = 16, seed: int = 1):

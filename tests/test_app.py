@@ -21,7 +21,7 @@ from bsi.app import chat, compare, inspect, plots, spectra
 from bsi.app.compress import Form, build_config, cancel_job, eps_rule_text, run_job, sigma_max_of, validate_upload
 from bsi.app.state import JobBoard, Session
 from bsi.errors import BSIError
-from bsi.pipeline.evaluate import answer_token_loss
+from bsi.pipeline.losses import answer_token_loss
 from bsi.method.scores import eps_rule
 from bsi.models import load_model_and_tokenizer
 

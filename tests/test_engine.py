@@ -16,9 +16,13 @@ from bsi.reports import RoundReport, StepReport
 
 
 def run(compressor):
+    """(pruning steps, rounds) of a whole run; the calibration steps of whitened bases are left out."""
     steps, rounds = [], []
     for report in compressor.run():
-        (rounds if isinstance(report, RoundReport) else steps).append(report)
+        if isinstance(report, RoundReport):
+            rounds.append(report)
+        elif report.stage != "calibrate":
+            steps.append(report)
     return steps, rounds
 
 
@@ -47,9 +51,9 @@ def test_model_without_linear_layers_is_rejected_before_any_change():
 
 def test_rounds_follow_schedule_and_shrink_layers():
     model = make_tiny_llama()
-    config = CompressConfig(keep_ratio=0.5, rounds=3, iters_per_epoch=12, sampling_ratio=0.5, aux_rank=2)
+    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=3, iters_per_epoch=12, sampling_ratio=0.5, aux_rank=2)
     compressor = Compressor(model, token_batches(), config, lm_loss)
-    full = layer_ranks(model)
+    full = {n: min(model.get_submodule(n).weight.shape) for n in compressible_linear_names(model)}
     steps, rounds = run(compressor)
     assert len(steps) == 12 and len(rounds) == 3
     assert [s.stage for s in steps[:4]] == ["train", "train", "profile", "profile"]
@@ -71,7 +75,7 @@ def test_rounds_follow_schedule_and_shrink_layers():
 @pytest.mark.parametrize("target", [0.6, 0.3])
 def test_target_size_mode_hits_target_within_one_percent(target):
     model = make_tiny_llama()
-    config = CompressConfig(keep_ratio=None, target_ratio=target, rounds=3, iters_per_epoch=9, sampling_ratio=0.34,
+    config = CompressConfig(size_mode="target", target_ratio=target, rounds=3, iters_per_epoch=9, sampling_ratio=0.34,
                             aux_rank=2)
     _, rounds = run(Compressor(model, token_batches(), config, lm_loss))
     now, dense = compressible_parameters(model)
@@ -83,7 +87,7 @@ def test_target_size_mode_hits_target_within_one_percent(target):
 def test_same_seed_same_result(scope, score):
     def once():
         model = make_tiny_llama()
-        config = CompressConfig(keep_ratio=0.4, rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=1,
+        config = CompressConfig(size_mode="keep", keep_ratio=0.4, rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=1,
                                 probe_scope=scope, score=score)
         run(Compressor(model, token_batches(), config, lm_loss))
         return layer_ranks(model)
@@ -93,7 +97,7 @@ def test_same_seed_same_result(scope, score):
 
 def test_importance_is_what_the_score_says():
     model = make_tiny_llama()
-    config = CompressConfig(keep_ratio=0.5, rounds=1, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1)
+    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=1, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1)
     _, (report,) = run(Compressor(model, token_batches(), config, lm_loss))
     for layer in report.layers:
         expected = -layer.sigma * layer.grad + 0.5 * layer.sigma**2 * layer.hessian
@@ -111,15 +115,17 @@ def test_non_finite_batches_are_skipped_counted_and_capped():
         value = lm_loss(model, batch)
         return value * float("nan") if batch["poison"] else value
 
-    config = CompressConfig(keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
-                            max_skipped_batches=10)
+    loss.count = lm_loss.count  # the fisher curvature's token count
+
+    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
+                            max_skipped_batches=10, bases="svd")
     steps, rounds = run(Compressor(model, poisoned(token_batches(), 4), config, loss))
     skipped = [s for s in steps if s.skipped]
     assert len(skipped) == 2 and rounds[-1].skipped_batches == 2
     for layer in rounds[-1].layers:
         assert torch.isfinite(layer.importance).all()
-    strict = CompressConfig(keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
-                            max_skipped_batches=1)
+    strict = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
+                            max_skipped_batches=1, bases="svd")
     with pytest.raises(BSIError, match="non-finite"):
         run(Compressor(make_tiny_llama(), poisoned(token_batches(), 2), strict, loss))
 
@@ -128,7 +134,7 @@ def test_training_steps_lower_the_loss_and_only_touch_sigma_and_aux():
     model = make_tiny_llama()
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if "embed" in n or "norm" in n}
     batch = next(token_batches())
-    config = CompressConfig(keep_ratio=1.0, rounds=1, iters_per_epoch=30, sampling_ratio=0.05, aux_rank=2, lr=1e-2,
+    config = CompressConfig(size_mode="keep", keep_ratio=1.0, rounds=1, iters_per_epoch=30, sampling_ratio=0.05, aux_rank=2, lr=1e-2,
                             aux_lr=1e-2)
     compressor = Compressor(model, iter(lambda: batch, None), config, lm_loss)
     steps, _ = run(compressor)
@@ -141,7 +147,7 @@ def test_training_steps_lower_the_loss_and_only_touch_sigma_and_aux():
 
 def test_step_reports_are_typed():
     model = make_tiny_llama()
-    config = CompressConfig(keep_ratio=0.5, rounds=1, iters_per_epoch=2, sampling_ratio=0.5, aux_rank=0)
+    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=1, iters_per_epoch=2, sampling_ratio=0.5, aux_rank=0)
     steps, rounds = run(Compressor(model, token_batches(), config, lm_loss))
     assert all(isinstance(s, StepReport) and s.total_steps == 2 for s in steps)
     d = rounds[0].to_dict()

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from bsi.data import BatchStream, Example, collate, encode_example
-from bsi.pipeline.evaluate import Metrics, answer_token_loss, evaluate, generate_answers
+from bsi.pipeline.losses import answer_token_loss
+from bsi.pipeline.evaluate import Metrics, evaluate, generate_answers
 from bsi.models import TINY_MODEL, load_model_and_tokenizer
 from bsi.pipeline.training import finetune
 

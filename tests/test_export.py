@@ -15,7 +15,7 @@ from bsi.method.surgery import compressible_parameters, model_parameters
 
 def compressed_tiny(tied: bool, keep: float = 0.3):
     model = make_tiny_llama(tied=tied)
-    config = CompressConfig(keep_ratio=keep, rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=2)
+    config = CompressConfig(size_mode="keep", keep_ratio=keep, rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=2)
     for _ in Compressor(model, token_batches(), config, lm_loss).run():
         pass
     return model

@@ -19,7 +19,7 @@ def cuda_batches():
 @pytest.mark.parametrize("scope", ["model", "layer"])
 def test_bf16_compression_on_cuda_keeps_sigma_fp32(tmp_path, scope):
     model = make_tiny_llama().to("cuda", torch.bfloat16)
-    config = CompressConfig(keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=2,
+    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=2,
                             probe_scope=scope)
     compressor = Compressor(model, cuda_batches(), config, lm_loss, compute_dtype=torch.bfloat16)
     assert compressor.eps == 0.1  # bf16 has 7 fraction bits: the rule caps eps at eps_max

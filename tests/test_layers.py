@@ -2,7 +2,8 @@ import pytest
 import torch
 from torch import nn
 
-from bsi.method.layers import BasisLinear, LowRankLinear, svd_bases
+from bsi.method.bases import svd_bases
+from bsi.method.layers import BasisLinear, LowRankLinear
 
 
 @pytest.mark.parametrize("shape,bias", [((24, 40), True), ((40, 24), False), ((32, 32), True)])

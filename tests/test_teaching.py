@@ -195,7 +195,7 @@ def test_loss_change_when_dropped_measures_and_restores():
 
 def test_rank_history_follows_a_real_compression():
     model = make_tiny_llama()
-    config = CompressConfig(keep_ratio=0.5, rounds=2, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1)
+    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=2, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1)
     rounds = [r for r in Compressor(model, token_batches(), config, lm_loss).run() if hasattr(r, "layers")]
     history = rank_history(rounds)
     assert list(history) == list(basis_layers(model))

@@ -14,7 +14,6 @@ or plain text with one prompt per line.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +21,6 @@ from typing import Any
 
 from bsi.errors import BSIError
 from bsi.pipeline.evaluate import generate_answers
-from bsi.files import atomic_write_json, atomic_write_text, check_output_dir
 from bsi.models import load_model_and_tokenizer
 from bsi.method.surgery import model_parameters
 
@@ -54,7 +52,7 @@ def read_prompts(path: str | Path) -> list[str]:
 def compare_models(models: Sequence[str], prompts: Sequence[str], *, max_new_tokens: int = 64,
                    device: str = "auto", dtype: str = "auto") -> dict[str, Any]:
     """Answers of every model to every prompt: ``{"prompts", "models": [{"name", "params", "outputs"}]}``."""
-    from bsi.pipeline.runner import resolve_device, resolve_dtype
+    from bsi.models import resolve_device, resolve_dtype
 
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -78,28 +76,3 @@ def comparison_markdown(result: dict[str, Any]) -> str:
     for i, prompt in enumerate(result["prompts"]):
         lines.append("| " + " | ".join([_cell(prompt)] + [_cell(m["outputs"][i]) for m in result["models"]]) + " |")
     return "\n".join(lines) + "\n"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", required=True, help="comma-separated: model names, folders or bsi output folders")
-    p.add_argument("--prompts", required=True, help=".jsonl (question/prompt field) or text file, one prompt a line")
-    p.add_argument("--out", help="folder for compare.md and compare.json (default: print only)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--device", default="auto"), p.add_argument("--dtype", default="auto")
-
-
-def run(args: argparse.Namespace) -> int:
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if not models:
-        raise BSIError("--models must name at least one model")
-    if args.max_new_tokens < 1:
-        raise BSIError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    prompts = read_prompts(args.prompts)
-    out = check_output_dir(args.out) if args.out else None
-    result = compare_models(models, prompts, max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype)
-    table = comparison_markdown(result)
-    if out is not None:
-        atomic_write_json(out / "compare.json", result)
-        atomic_write_text(out / "compare.md", table)
-    print(table)
-    return 0

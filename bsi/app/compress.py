@@ -35,7 +35,8 @@ from bsi.data import EMBEDDED_TASK, read_jsonl
 from bsi.errors import BSIError
 from bsi.method.scores import SCORES, eps_rule, fraction_bits
 from bsi.models import EMBEDDED_MODEL, TINY_MODEL
-from bsi.pipeline.runner import Pipeline, resolve_device, resolve_dtype
+from bsi.models import resolve_device, resolve_dtype
+from bsi.pipeline.runner import Pipeline
 from bsi.method.surgery import compressible_linear_names, compressible_parameters, model_parameters
 from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
 from bsi.app import plots

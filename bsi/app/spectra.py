@@ -194,7 +194,7 @@ def compute(session, form, name: str, k: int, examples: int = 4, seed: int = 0):
     Returns ``(eigenvalues (k,), fit (c, a), summary dict)``.
     """
     from bsi.data import BatchStream, load_task
-    from bsi.pipeline.evaluate import answer_token_loss
+    from bsi.pipeline.losses import answer_token_loss
     from bsi.app.compress import build_config
 
     loaded = source_model(session, form)

@@ -61,7 +61,7 @@ def _gather(rng: random.Random) -> Example:
 
 def _give_away(rng: random.Random) -> Example:
     # one subtraction
-    (name, pron), item = _person(rng), rng.choice(_ITEMS)
+    (name, _), item = _person(rng), rng.choice(_ITEMS)
     b = rng.randint(2, 10)
     a = b + rng.randint(1, 10)
     return Example(
@@ -94,7 +94,7 @@ def _change(rng: random.Random) -> Example:
 
 def _sharing(rng: random.Random) -> Example:
     # one exact division
-    (name, pron), item = _person(rng), rng.choice(_ITEMS)
+    (name, _), item = _person(rng), rng.choice(_ITEMS)
     friends, each = rng.randint(2, 5), rng.randint(2, 5)
     total = friends * each
     return Example(

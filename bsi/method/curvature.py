@@ -1,43 +1,39 @@
-"""Gradients and Hessian-diagonal estimates with respect to the coefficients sigma.
+"""Gradients and curvature estimates with respect to the coefficients sigma.
 
 One *profiling step* takes one mini-batch and returns, for every layer,
+``grad`` = dl/dsigma at the current sigma (r,) and ``curvature``, an estimate
+of the Hessian diagonal d2l/dsigma^2 over the layer's candidate pool (r,),
+zero outside it; or ``None`` when a loss or gradient it computed was not
+finite (the caller skips such a batch). What is computed depends on the score
+(:class:`bsi.method.scores.Score`): nothing for ``basel``, the gradient for
+``bsi-grad``, both for ``bsi``.
 
-* ``grad``: dl/dsigma at the current sigma (r,), and
-* ``hessian``: a one-probe estimate of diag(d2l/dsigma^2) over the layer's
-  candidate pool (r,), zero outside the pool,
+Three curvature sources (``CompressConfig.curvature``):
 
-or ``None`` when any loss or gradient it computed was not finite (the caller
-skips such a batch; it never enters the statistics).
+* ``hutchinson``, the method's estimator. With a Rademacher probe ``z`` and the
+  *same* batch, ``g+ - g- = eps H z + O(eps^3)`` for gradients at
+  ``sigma +- (eps/2) z``, so ``z * (g+ - g-) / eps`` has expectation
+  ``diag(H)``. Unbiased, but its variance is the sum of the squared
+  off-diagonal Hessian entries that ``z`` mixes in: with thousands of bases per
+  layer and one probe per batch, the estimate of one basis is mostly noise.
+  ``scope="layer"`` probes each layer alone (the paper's pseudo-code: 1 + 2L
+  gradient passes, each stopping at its layer); ``scope="model"`` probes all
+  layers jointly (3 passes, more cross-layer noise). ``method="hvp"`` gets
+  ``H z`` exactly by double backward instead of finite differences.
+* ``fisher`` (an extension beyond the method): the empirical Fisher diagonal
+  from *per-example* gradients, ``F_ii = N * sum_b g_{b,i}^2`` for a loss
+  averaged over ``N`` tokens and per-example gradients ``g_b`` of that mean.
+  The per-example gradients come from the same backward pass as the gradient
+  (:class:`~bsi.method.layers.SigmaGradientRecorder`), so it costs nothing
+  extra; it is positive, and its noise is that of averaging over examples,
+  not over probes.
+* ``mc-fisher`` (an extension too): the same with labels drawn from the model's
+  own predictions, one more backward pass. Its expectation is the Gauss-Newton
+  diagonal, which is positive and close to the Hessian near a fine-tuned
+  minimum.
 
-Two probe scopes:
-
-* ``"layer"`` (the paper's pseudo-code): each layer gets its own probe; the
-  other layers stay at sigma*. Cost: 1 + 2 L gradient evaluations, but each
-  backward stops at the probed layer.
-* ``"model"``: one joint probe over all layers at once. Cost: 3 gradient
-  evaluations whatever the depth. Still unbiased (cross-layer terms
-  ``E[z_i z_j] = 0`` cancel) but with more variance per probe.
-
-Two ways to get ``H z``:
-
-* ``"fd"``: symmetric finite differences of gradients at ``sigma +- (eps/2) z``
-  (:func:`bsi.method.scores.symmetric_difference_hessian`), first-order autograd
-  only, works with any attention kernel and with gradient checkpointing.
-* ``"hvp"``: exact Hessian-vector product by double backward (needs eager
-  attention; see :func:`bsi.models.load_model_and_tokenizer`).
-
-Where the gradient at sigma* comes from (``center``, ``fd`` with ``"model"``
-scope only):
-
-* ``"exact"``: its own forward and backward (3 passes per profiling step).
-* ``"average"``: ``(g+ + g-) / 2``, free from the two probe passes (2 passes).
-  Unbiased up to O(eps^2): ``g(s + e z/2) + g(s - e z/2) = 2 g(s) + O(eps^2)``
-  because the first-order terms ``+-(eps/2) H z`` cancel exactly; with the
-  rule's eps (~1e-6 in fp32, 0.1 in bf16) the difference is far below the
-  noise between mini-batches.
-
-The model is put in eval mode (dropout off) so that ``g+`` and ``g-`` see the
-very same network function, and restored afterwards.
+The model is put in eval mode (dropout off) so that every pass of a step sees
+the same network function, and restored afterwards.
 """
 
 from __future__ import annotations
@@ -49,8 +45,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from bsi.errors import BSIError
+from bsi.method.layers import BasisLinear, SigmaGradientRecorder
 from bsi.method.scores import probe_vector, symmetric_difference_hessian
-from bsi.method.layers import BasisLinear
 
 LossFn = Callable[[nn.Module, dict], torch.Tensor]
 
@@ -60,12 +57,19 @@ class ProfileResult:
     """Per-layer statistics from one profiling mini-batch."""
 
     loss: float
-    grads: list[torch.Tensor]  # each (r_l,) float32, CPU-free: on the layer's device
-    hessians: list[torch.Tensor]  # each (r_l,) float32, zero outside the pool
+    grads: list[torch.Tensor] | None  # each (r_l,) float32 on the layer's device; None if not measured
+    curvatures: list[torch.Tensor] | None  # each (r_l,) float32, zero outside the pool; None if not measured
+
+    @property
+    def hessians(self) -> list[torch.Tensor] | None:
+        """The curvature estimates (the name the method gives them when they estimate the Hessian)."""
+        return self.curvatures
 
 
 def _finite(*tensors: torch.Tensor) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in tensors)
+    if not tensors:
+        return True
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())  # one host sync
 
 
 @contextmanager
@@ -127,6 +131,153 @@ def hessian_vector_product(
     return loss.detach(), [g.detach().float() for g in grads], hv
 
 
+def exact_hessian(model: nn.Module, layer: BasisLinear, batch: dict, loss_fn: LossFn,
+                  positions: torch.Tensor) -> torch.Tensor:
+    """The exact (k, k) Hessian of the loss over the sigmas at ``positions`` of one layer, float64.
+
+    One forward and one ``create_graph`` backward, then one second-order
+    backward per column (``H e_j``); symmetrised (``(H + H^T)/2``) to remove
+    round-off asymmetry. Needs a differentiable attention kernel (eager).
+    The ground truth that the estimators, the spectra and the notebooks are
+    checked against.
+    """
+    positions = torch.as_tensor(positions, dtype=torch.long)
+    with evaluation_mode(model):
+        loss = loss_fn(model, batch)
+        (grad,) = torch.autograd.grad(loss, [layer.sigma], create_graph=True)
+        columns = []
+        for j in positions.tolist():
+            (column,) = torch.autograd.grad(grad[j], [layer.sigma], retain_graph=True)
+            columns.append(column.detach()[positions.to(column.device)].double().cpu())  # (k,)
+    hessian = torch.stack(columns, dim=1)  # (k, k)
+    return 0.5 * (hessian + hessian.T)
+
+
+# ------------------------------------------------------------------ sources
+def loss_count(loss_fn: LossFn, batch: dict) -> int:
+    """How many terms the loss averages over on ``batch`` (tokens), from ``loss_fn.count``."""
+    count = getattr(loss_fn, "count", None)
+    if count is None:
+        raise BSIError("the fisher curvature needs a loss that can count its terms (loss.count(batch)); "
+                       "use bsi.pipeline.losses.AnswerTokenLoss or choose --curvature hutchinson")
+    return int(count(batch))
+
+
+@dataclass(frozen=True)
+class Hutchinson:
+    """The method's estimator: symmetric perturbations (``fd``) or exact products (``hvp``) with Rademacher probes."""
+
+    eps: float
+    scope: str = "layer"
+    method: str = "fd"
+    probes: int = 1
+    center: str = "exact"
+    name: str = "hutchinson"
+
+    def profile(self, model, layers, pools, batch, loss_fn, generator) -> ProfileResult | None:
+        if self.method == "hvp":
+            return _profile_hvp(model, layers, pools, batch, loss_fn, self.scope, self.probes, generator)
+        if self.center == "average" and self.scope == "model":
+            return _profile_fd_averaged_center(model, layers, pools, batch, loss_fn, self.eps, self.probes, generator)
+        loss, grads = sigma_gradients(model, layers, batch, loss_fn)
+        if not _finite(loss, *grads):
+            return None
+        curvatures = [torch.zeros_like(g) for g in grads]
+        for _ in range(self.probes):
+            if self.scope == "model":
+                zs = [probe_vector(layer.rank, pool, generator).to(layer.sigma.device)
+                      for layer, pool in zip(layers, pools)]
+                est = _fd_joint(model, layers, batch, loss_fn, zs, self.eps)
+                if est is None:
+                    return None
+                for h, e in zip(curvatures, est):
+                    h.add_(e / self.probes)
+            else:
+                for i, (layer, pool) in enumerate(zip(layers, pools)):
+                    if pool.numel() == 0:
+                        continue
+                    z = probe_vector(layer.rank, pool, generator).to(layer.sigma.device)
+                    est = _fd_joint(model, [layer], batch, loss_fn, [z], self.eps)
+                    if est is None:
+                        return None
+                    curvatures[i].add_(est[0] / self.probes)
+        return ProfileResult(float(loss), grads, curvatures)
+
+
+@dataclass(frozen=True)
+class Fisher:
+    """Fisher diagonal from per-example gradients: true labels (``sampled=False``) or the model's own (``True``)."""
+
+    sampled: bool = False
+
+    @property
+    def name(self) -> str:
+        return "mc-fisher" if self.sampled else "fisher"
+
+    def profile(self, model, layers, pools, batch, loss_fn, generator) -> ProfileResult | None:
+        with SigmaGradientRecorder().attach(list(layers)) as recorder:
+            if not self.sampled:
+                loss, grads = sigma_gradients(model, layers, batch, loss_fn)
+                if not _finite(loss, *grads):
+                    return None
+                count = loss_count(loss_fn, batch)
+            else:
+                recorder.detach()  # the true-label pass gives the gradient only
+                loss, grads = sigma_gradients(model, layers, batch, loss_fn)
+                if not _finite(loss, *grads):
+                    return None
+                sampled = getattr(loss_fn, "sampled", None)
+                if sampled is None:
+                    raise BSIError("the mc-fisher curvature needs a loss with labels drawn from the model "
+                                   "(loss.sampled(model, batch, generator)); use bsi.pipeline.losses.AnswerTokenLoss")
+                recorder.attach(list(layers))
+                mc_loss = sampled(model, batch, generator)
+                torch.autograd.grad(mc_loss, [layer.sigma for layer in layers], allow_unused=True)
+                count = loss_count(loss_fn, batch)
+            curvatures = []
+            for layer, pool in zip(layers, pools):
+                full = recorder.squares(layer) * count  # (r,) N * sum_b g_b^2
+                mask = torch.zeros_like(full)
+                mask[pool.to(full.device)] = 1.0
+                curvatures.append(full * mask)
+        if not _finite(*curvatures):
+            return None
+        return ProfileResult(float(loss), grads, curvatures)
+
+
+@dataclass(frozen=True)
+class GradientOnly:
+    """The gradient alone (for scores without a curvature term)."""
+
+    name: str = "gradient"
+
+    def profile(self, model, layers, pools, batch, loss_fn, generator) -> ProfileResult | None:
+        loss, grads = sigma_gradients(model, layers, batch, loss_fn)
+        if not _finite(loss, *grads):
+            return None
+        return ProfileResult(float(loss), grads, None)
+
+
+@dataclass(frozen=True)
+class NothingToMeasure:
+    """For scores that read only sigma (basel): a profiling step measures nothing and costs nothing."""
+
+    name: str = "none"
+
+    def profile(self, model, layers, pools, batch, loss_fn, generator) -> ProfileResult | None:
+        return ProfileResult(float("nan"), None, None)
+
+
+def curvature_source(name: str, *, eps: float, scope: str = "layer", method: str = "fd", probes: int = 1,
+                     center: str = "exact"):
+    """The curvature source called ``name`` (``fisher``, ``mc-fisher`` or ``hutchinson``)."""
+    if name == "hutchinson":
+        return Hutchinson(eps=eps, scope=scope, method=method, probes=probes, center=center)
+    if name in ("fisher", "mc-fisher"):
+        return Fisher(sampled=name == "mc-fisher")
+    raise BSIError(f"unknown curvature source '{name}': use fisher, mc-fisher or hutchinson")
+
+
 def profile_batch(
     model: nn.Module,
     layers: Sequence[BasisLinear],
@@ -134,55 +285,30 @@ def profile_batch(
     batch: dict,
     loss_fn: LossFn,
     *,
-    eps: float,
+    eps: float = 1e-3,
     scope: str = "model",
     method: str = "fd",
     probes: int = 1,
     generator: torch.Generator | None = None,
     center: str = "exact",
+    source=None,
 ) -> ProfileResult | None:
-    """Gradient and Hessian-diagonal estimate for every layer on one mini-batch.
+    """Gradient and curvature estimate for every layer on one mini-batch.
 
     Args:
         layers: the `BasisLinear` layers, in a fixed order.
-        pools: per layer, (p_l,) int64 candidate-pool positions; probes are zero elsewhere.
-        eps: perturbation intensity (``fd`` only): gradients are taken at sigma +- (eps/2) z.
-        scope: ``"model"`` (one joint probe) or ``"layer"`` (one probe per layer).
-        method: ``"fd"`` (finite differences of gradients) or ``"hvp"`` (double backward).
-        probes: independent probes averaged on this batch.
-        center: ``"exact"`` or ``"average"`` (the mean of the probe gradients,
-            one pass fewer; used only with ``method="fd"`` and ``scope="model"``).
+        pools: per layer, (p_l,) int64 candidate-pool positions; curvature is zero elsewhere.
+        source: a curvature source (:func:`curvature_source`, :class:`GradientOnly`,
+            :class:`NothingToMeasure`); default: :class:`Hutchinson` with the
+            ``eps``, ``scope``, ``method``, ``probes`` and ``center`` given.
 
     Returns:
         A :class:`ProfileResult`, or None if a non-finite value appeared anywhere.
     """
+    if source is None:
+        source = Hutchinson(eps=eps, scope=scope, method=method, probes=probes, center=center)
     with evaluation_mode(model):
-        if method == "hvp":
-            return _profile_hvp(model, layers, pools, batch, loss_fn, scope, probes, generator)
-        if center == "average" and scope == "model":
-            return _profile_fd_averaged_center(model, layers, pools, batch, loss_fn, eps, probes, generator)
-        loss, grads = sigma_gradients(model, layers, batch, loss_fn)
-        if not _finite(loss, *grads):
-            return None
-        hessians = [torch.zeros_like(g) for g in grads]
-        for _ in range(probes):
-            if scope == "model":
-                zs = [probe_vector(layer.rank, pool, generator).to(layer.sigma.device) for layer, pool in zip(layers, pools)]
-                est = _fd_joint(model, layers, batch, loss_fn, zs, eps)
-                if est is None:
-                    return None
-                for h, e in zip(hessians, est):
-                    h.add_(e / probes)
-            else:
-                for i, (layer, pool) in enumerate(zip(layers, pools)):
-                    if pool.numel() == 0:
-                        continue
-                    z = probe_vector(layer.rank, pool, generator).to(layer.sigma.device)
-                    est = _fd_joint(model, [layer], batch, loss_fn, [z], eps)
-                    if est is None:
-                        return None
-                    hessians[i].add_(est[0] / probes)
-        return ProfileResult(float(loss), grads, hessians)
+        return source.profile(model, layers, pools, batch, loss_fn, generator)
 
 
 def _fd_pair(
@@ -212,9 +338,13 @@ def _fd_joint(
 
 
 def _profile_fd_averaged_center(model, layers, pools, batch, loss_fn, eps, probes, generator) -> ProfileResult | None:
-    """Model scope with the centre gradient taken as the mean of the probe gradients (2 passes per probe)."""
+    """Model scope with the centre gradient taken as the mean of the probe gradients (2 passes per probe).
+
+    Unbiased up to O(eps^2): ``g(s + e z/2) + g(s - e z/2) = 2 g(s) + O(eps^2)``
+    because the first-order terms ``+-(eps/2) H z`` cancel exactly.
+    """
     grads = [torch.zeros(layer.rank, device=layer.sigma.device) for layer in layers]
-    hessians = [torch.zeros_like(g) for g in grads]
+    curvatures = [torch.zeros_like(g) for g in grads]
     loss = 0.0
     for _ in range(probes):
         zs = [probe_vector(layer.rank, pool, generator).to(layer.sigma.device) for layer, pool in zip(layers, pools)]
@@ -223,15 +353,15 @@ def _profile_fd_averaged_center(model, layers, pools, batch, loss_fn, eps, probe
             return None
         loss_plus, grads_plus, loss_minus, grads_minus = pair
         loss += 0.5 * float(loss_plus + loss_minus) / probes
-        for g, h, gp, gm, z in zip(grads, hessians, grads_plus, grads_minus, zs):
+        for g, h, gp, gm, z in zip(grads, curvatures, grads_plus, grads_minus, zs):
             g.add_(0.5 * (gp + gm) / probes)  # (r,)
             h.add_(symmetric_difference_hessian(gp, gm, z, eps) / probes)  # (r,)
-    return ProfileResult(loss, grads, hessians)
+    return ProfileResult(loss, grads, curvatures)
 
 
 def _profile_hvp(model, layers, pools, batch, loss_fn, scope, probes, generator) -> ProfileResult | None:
     grads: list[torch.Tensor] | None = None
-    hessians = [torch.zeros(layer.rank, device=layer.sigma.device) for layer in layers]
+    curvatures = [torch.zeros(layer.rank, device=layer.sigma.device) for layer in layers]
     loss = torch.tensor(0.0)
     for _ in range(probes):
         zs = [probe_vector(layer.rank, pool, generator).to(layer.sigma.device) for layer, pool in zip(layers, pools)]
@@ -243,11 +373,11 @@ def _profile_hvp(model, layers, pools, batch, loss_fn, scope, probes, generator)
             if not _finite(loss, *g, *hv):
                 return None
             for i, h in zip(group, hv):
-                hessians[i].add_(h * zs[i] / probes)
+                curvatures[i].add_(h * zs[i] / probes)
             if scope == "model" and grads is None:
                 grads = g
     if grads is None:  # layer scope: one plain gradient for all layers
         loss, grads = sigma_gradients(model, layers, batch, loss_fn)
         if not _finite(loss, *grads):
             return None
-    return ProfileResult(float(loss), grads, hessians)
+    return ProfileResult(float(loss), grads, curvatures)

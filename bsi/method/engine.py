@@ -1,25 +1,25 @@
-"""The pruning stage (METHOD.md sec. 5) as a generator of typed reports.
+"""The pruning stage as a generator of typed reports.
 
-:class:`Compressor` owns one model in Basel form and runs Algorithm 1::
+:class:`Compressor` owns one model and runs the method's Algorithm 1::
 
+    write every linear layer in the Basel form (bases: SVD, or whitened on task inputs)
     for each round t = 1..T:
         tune sigma and the auxiliary vectors for (IterPerPruning - NumProfilingIter) steps
-        profile NumProfilingIter batches: accumulate E[dl/dsigma] and the
-            Hessian-diagonal estimate over each layer's candidate pool
-        score every basis, prune each pool by the importance-mass rule
-        physically shrink the layers; yield a RoundReport
+        profile NumProfilingIter batches: accumulate what the score needs,
+            E[dl/dsigma] and a curvature estimate over each layer's candidate pool
+        score every basis, prune (size mode keep: the importance-mass rule;
+            target: a per-round parameter budget), physically shrink the layers
+        yield a RoundReport
 
 ``Compressor.run()`` yields a :class:`~bsi.reports.StepReport` per iteration
-and a :class:`~bsi.reports.RoundReport` per round; the caller drives it (and
-can stop early simply by not asking for more). The engine prints nothing and
-knows nothing about tokenisation: batches come from any iterator of dicts.
+(and per calibration batch) and a :class:`~bsi.reports.RoundReport` per round;
+the caller drives it (and can stop early simply by not asking for more). The
+engine prints nothing and knows nothing about tokenisation: batches come from
+any iterator, and the two loss callables are given to it.
 
-Target-size mode (``CompressConfig.target_ratio``) keeps the same loop but
-replaces the fixed ``KeepRatioPerPruning`` with a per-round *parameter budget*
-``B_t = dense * target_ratio ** (t / T)``: the candidate pools are widened if
-they are too small to reach the budget, and the mass rule's keep fraction is
-found by bisection so that the parameters after the round land on ``B_t``.
-Bases are still removed in order of importance, only the amount is set by size.
+How much a round removes and which bases go is :mod:`bsi.method.schedule`;
+the scores are :mod:`bsi.method.scores`, the curvature sources
+:mod:`bsi.method.curvature`, the bases :mod:`bsi.method.bases`.
 """
 
 from __future__ import annotations
@@ -33,17 +33,35 @@ from torch import nn
 
 from bsi.config import CompressConfig
 from bsi.errors import BSIError
-from bsi.method.curvature import LossFn, profile_batch
-from bsi.method.scores import (
-    candidate_pool,
-    eps_rule,
-    importance_scores,
-    kept_positions,
-    mass_rule_keep_count,
-    select_pruned,
+from bsi.method.bases import InputStatistics, whitened_bases
+from bsi.method.curvature import (
+    GradientOnly,
+    LossFn,
+    NothingToMeasure,
+    curvature_source,
+    evaluation_mode,
 )
 from bsi.method.layers import BasisLinear
-from bsi.method.surgery import compressible_parameters, largest_singular_value, model_parameters, to_basis_form
+from bsi.method.schedule import (
+    LayerShape,
+    cut_caps,
+    even_share,
+    gradual_budgets,
+    mass_selection,
+    parameters_after,
+    select_to_budget,
+    widen_pools,
+)
+from bsi.method.scores import candidate_pool, eps_rule, get_score, kept_positions
+from bsi.method.surgery import (
+    basis_layers,
+    compressible_linear_names,
+    compressible_parameters,
+    freeze_all_but_coefficients,
+    model_parameters,
+    sigma_max,
+    to_basis_form,
+)
 from bsi.reports import LayerRound, RoundReport, StepReport
 
 Reducer = Callable[[torch.Tensor], torch.Tensor]
@@ -59,19 +77,12 @@ def slice_optimizer_state(optimizer: torch.optim.Optimizer, param: nn.Parameter,
             state[key] = value[keep.to(value.device)].contiguous()
 
 
-def stored_params_at_rank(layer: BasisLinear, rank: int) -> int:
-    """Exported parameters of ``layer`` if it kept ``rank`` bases: min(factors, dense)."""
-    bias = layer.out_features if layer.bias is not None else 0
-    factors = (rank + layer.aux_rank) * (layer.in_features + layer.out_features) + bias
-    return min(factors, layer.dense_parameters())
-
-
 @dataclass
 class _LayerStats:
     """Running sums over a round's profiling batches for one layer."""
 
     grad: torch.Tensor  # (r,) sum of dl/dsigma
-    hessian: torch.Tensor  # (r,) sum of Hessian-diagonal estimates
+    curvature: torch.Tensor  # (r,) sum of curvature estimates
     pool: torch.Tensor  # (p,) candidate positions
 
 
@@ -79,16 +90,23 @@ class Compressor:
     """Runs the pruning rounds on one model; iterate :meth:`run` to drive it.
 
     Args:
-        model: a causal LM (converted to Basel form here if it is not yet).
-        batches: an iterator of mini-batches (dicts accepted by ``loss_fn``).
+        model: a causal LM (converted to Basel form by :meth:`run` if it is not yet).
+        batches: an iterator of mini-batches (dicts accepted by the losses).
         config: the schedule and scoring settings.
-        loss_fn: ``loss_fn(model, batch) -> scalar`` (answer-token cross-entropy).
-        compute_dtype: dtype the layers compute in (for the eps rule).
+        loss_fn: ``loss_fn(model, batch) -> scalar``, the task loss whose
+            increase the scores predict (profiling, calibration, monitoring).
+            The ``fisher`` curvature also needs ``loss_fn.count(batch)`` and
+            ``mc-fisher`` ``loss_fn.sampled(model, batch, generator)``
+            (see :class:`bsi.pipeline.losses.AnswerTokenLoss`).
+        train_loss_fn: the loss of the tuning steps (default ``loss_fn``; the
+            pipeline passes a distillation loss here when asked to).
+        compute_dtype: dtype the layers compute in (for the eps rule and the
+            curvature source's safety check).
         reduce: sums a tensor across processes (identity on one process); used
-            for the profiling sums and counts, so every rank prunes alike.
+            for the calibration statistics and the profiling sums, so every
+            rank converts and prunes alike.
         probe_seed: seed of the probe generator (default ``config.seed``); give
-            each process its own so that its probes are independent extra probes
-            (see :mod:`bsi.pipeline.distributed`).
+            each process its own so that its probes are independent extra probes.
     """
 
     def __init__(
@@ -98,6 +116,7 @@ class Compressor:
         config: CompressConfig,
         loss_fn: LossFn,
         *,
+        train_loss_fn: LossFn | None = None,
         compute_dtype: torch.dtype | None = None,
         reduce: Reducer | None = None,
         probe_seed: int | None = None,
@@ -106,39 +125,111 @@ class Compressor:
         self.batches = batches
         self.config = config
         self.loss_fn = loss_fn
-        self.layers = to_basis_form(model, aux_rank=config.aux_rank, seed=config.seed)
-        self.names = list(self.layers)
-        self.device = next(iter(self.layers.values())).sigma.device
-        self.compute_dtype = compute_dtype or next(iter(self.layers.values())).U.dtype
+        self.train_loss_fn = train_loss_fn or loss_fn
+        self.score = get_score(config.score)
         self.reduce = reduce or (lambda t: t)
-        _, self.dense_before = compressible_parameters(model)
-        self.eps = config.eps if config.eps is not None else eps_rule(
-            largest_singular_value(self.layers), self.compute_dtype, config.eps_alpha, config.eps_max
-        )
+        self.compute_dtype = compute_dtype
         self.generator = torch.Generator().manual_seed(config.seed if probe_seed is None else probe_seed)
-        self.optimizer = self._make_optimizer()
-        self.iteration = 0  # iterations done so far
+        self.notes: list[str] = []  # decisions the run's report should state (e.g. a switched curvature mode)
+        self.iteration = 0  # pruning iterations done so far
         self.skipped = 0
+        self.layers: dict[str, BasisLinear] = {}
+        self.names: list[str] = []
+        self.factor_start = 0  # factor parameters of the layers at full rank (start of the gradual budgets)
+        self.dense_before = 0
+        self.eps = float("nan")
         self._round_losses: list[float] = []
         self._stats: dict[str, _LayerStats] | None = None
         self._profiled = 0
+        self._monitor: dict | None = None
         self._start = time.perf_counter()
+        if not compressible_linear_names(model) and not basis_layers(model):
+            raise BSIError(f"{type(model).__name__} has no nn.Linear layers to compress (only embeddings or custom layers)")
+        if basis_layers(model):  # converted already (by the caller, or a notebook)
+            self._adopt(basis_layers(model))
+
+    # --------------------------------------------------------- conversion
+    @property
+    def converted(self) -> bool:
+        return bool(self.layers)
+
+    def convert(self) -> Iterator[StepReport]:
+        """Write every compressible layer in the Basel form; with whitened bases, calibrate first.
+
+        Whitened bases need the covariance of each layer's inputs: the first
+        ``calibration_batches`` batches run forward (no gradient), yielding a
+        ``calibrate`` StepReport each. Summed across processes, so every rank
+        computes the same bases.
+        """
+        cfg = self.config
+        bases = None
+        if cfg.bases == "whitened":
+            modules = {n: self.model.get_submodule(n) for n in compressible_linear_names(self.model)}
+            stats = InputStatistics(modules)
+            with stats, evaluation_mode(self.model), torch.no_grad():
+                for step in range(1, cfg.calibration_batches + 1):
+                    batch = next(self.batches)
+                    stats.start_batch(batch.get("attention_mask"))
+                    loss = float(self.loss_fn(self.model, batch))
+                    yield StepReport("calibrate", step, cfg.calibration_batches, loss, self._elapsed())
+            stats.reduce(self.reduce)
+            covariance = stats.covariance()
+            damping = cfg.whitening_damping
+            bases = lambda name, linear: whitened_bases(linear.weight, covariance[name], damping)  # noqa: E731
+        self._adopt(to_basis_form(self.model, aux_rank=cfg.aux_rank, seed=cfg.seed, bases=bases))
+
+    def _adopt(self, layers: dict[str, BasisLinear]) -> None:
+        """Take over converted layers: trainable flags, sizes, eps, optimizer, curvature source."""
+        cfg = self.config
+        self.layers = layers
+        self.names = list(layers)
+        first = next(iter(layers.values()))
+        self.device = first.sigma.device
+        self.compute_dtype = self.compute_dtype or first.U.dtype
+        freeze_all_but_coefficients(self.model, layers.values())
+        _, self.dense_before = compressible_parameters(self.model)
+        self.factor_start = sum(layer.factor_parameters() for layer in layers.values())
+        self.eps = cfg.eps if cfg.eps is not None else eps_rule(
+            sigma_max(self.model), self.compute_dtype, cfg.eps_alpha, cfg.eps_max, cfg.eps_floor)
+        self.optimizer = self._make_optimizer()
+        self.source = self._curvature_source()
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         groups = [{"params": [layer.sigma for layer in self.layers.values()], "lr": self.config.lr}]
         aux = [p for layer in self.layers.values() for p in (layer.aux_u, layer.aux_v) if p.numel()]
         if aux:
             groups.append({"params": aux, "lr": self.config.aux_lr})
-        for layer in self.layers.values():
-            for name in BasisLinear.TRAINABLE_PARAMETERS:
-                getattr(layer, name).requires_grad_(True)
         return torch.optim.AdamW(groups, weight_decay=0.0)
 
-    # ------------------------------------------------------------------ loop
-    def run(self) -> Iterator[StepReport | RoundReport]:
-        """Run the remaining iterations; yields a StepReport each, a RoundReport per round."""
+    def _curvature_source(self):
+        """What each profiling step measures: only what the score reads (see :class:`~bsi.method.scores.Score`)."""
         cfg = self.config
-        total = cfg.round_length * cfg.rounds
+        if not self.score.needs_gradient:
+            return NothingToMeasure()
+        if not self.score.needs_curvature:
+            return GradientOnly()
+        method = cfg.hessian_method
+        if cfg.curvature == "hutchinson" and method == "fd" and self.compute_dtype in (torch.bfloat16, torch.float16):
+            method = "hvp"
+            self.notes.append(
+                f"curvature: finite differences of gradients computed in {str(self.compute_dtype).removeprefix('torch.')} "
+                "are dominated by round-off; using exact Hessian-vector products (hessian_method hvp) instead")
+        return curvature_source(cfg.curvature, eps=self.eps, scope=cfg.probe_scope, method=method,
+                                probes=cfg.probes_per_batch, center=cfg.center_gradient)
+
+    # ------------------------------------------------------------------ loop
+    @property
+    def total_iterations(self) -> int:
+        return self.config.round_length * self.config.rounds
+
+    def run(self) -> Iterator[StepReport | RoundReport]:
+        """Convert (if needed), then run the remaining iterations; yields a StepReport each, a RoundReport per round."""
+        cfg = self.config
+        if not self.converted:
+            yield from self.convert()
+        if self._monitor is None:
+            self._monitor = next(self.batches)  # a fixed batch: the loss before and after each cut
+        total = self.total_iterations
         while self.iteration < total:
             self.iteration += 1
             k = (self.iteration - 1) % cfg.round_length + 1  # position within the round
@@ -162,7 +253,7 @@ class Compressor:
     def _train_step(self, batch: dict, total: int) -> StepReport:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.model, batch)
+        loss = self.train_loss_fn(self.model, batch)
         # Backward even for a non-finite loss: under several processes the gradient
         # hooks all-reduce, so every rank must take part (its NaN then makes every
         # rank skip this step together). Alone, the step is skipped as before.
@@ -184,19 +275,17 @@ class Compressor:
         assert self._stats is not None
         layers = [self.layers[n] for n in self.names]
         pools = [self._stats[n].pool for n in self.names]
-        result = profile_batch(
-            self.model, layers, pools, batch, self.loss_fn, eps=self.eps,
-            scope=self.config.probe_scope, method=self.config.hessian_method,
-            probes=self.config.probes_per_batch, generator=self.generator,
-            center=self.config.center_gradient,
-        )
+        with evaluation_mode(self.model):
+            result = self.source.profile(self.model, layers, pools, batch, self.loss_fn, self.generator)
         if result is None:
             self.skipped += 1
             self._check_skips()
             return StepReport("profile", self.iteration, total, float("nan"), self._elapsed(), skipped=True)
-        for name, g, h in zip(self.names, result.grads, result.hessians):
-            self._stats[name].grad.add_(g)
-            self._stats[name].hessian.add_(h)
+        for i, name in enumerate(self.names):
+            if result.grads is not None:
+                self._stats[name].grad.add_(result.grads[i])
+            if result.curvatures is not None:
+                self._stats[name].curvature.add_(result.curvatures[i])
         self._profiled += 1
         return StepReport("profile", self.iteration, total, result.loss, self._elapsed())
 
@@ -206,81 +295,89 @@ class Compressor:
         """1-based index of the round the current iteration belongs to."""
         return (max(self.iteration, 1) - 1) // self.config.round_length + 1
 
-    def round_budget(self, round_index: int) -> int | None:
-        """Target-size mode: compressible parameters allowed after round t (None otherwise)."""
-        ratio = self.config.target_ratio
-        if ratio is None:
-            return None
-        return round(self.dense_before * ratio ** (round_index / self.config.rounds))
+    def shapes(self) -> dict[str, LayerShape]:
+        return {n: LayerShape(layer.in_features, layer.out_features, layer.rank, layer.aux_rank,
+                              layer.bias is not None) for n, layer in self.layers.items()}
 
-    def _open_round(self) -> dict[str, _LayerStats]:
-        """Choose candidate pools (from the tuned sigma) and zero the accumulators."""
-        rho = self.config.pool_rho
-        budget = self.round_budget(self.round_index)
-        pools = self._pools(rho)
-        if budget is not None:
-            pools = self._widen_pools(rho, pools, budget)
-        self._profiled = 0
-        return {
-            n: _LayerStats(torch.zeros_like(self.layers[n].sigma), torch.zeros_like(self.layers[n].sigma), pools[n])
-            for n in self.names
-        }
+    def round_budget(self, round_index: int) -> tuple[int, str] | None:
+        """Size mode target: ``(parameters, measure)`` allowed after round t (None in size mode keep).
+
+        Rounds before the last budget factor parameters, shrinking evenly from
+        the full-rank factors; the last round budgets the stored size
+        ``target_ratio * dense`` (see :func:`bsi.method.schedule.gradual_budgets`).
+        """
+        cfg = self.config
+        if cfg.size_mode != "target":
+            return None
+        final = round(self.dense_before * cfg.target_ratio)
+        return gradual_budgets(self.factor_start, final, cfg.rounds)[round_index - 1]
 
     def _pools(self, rho: float) -> dict[str, torch.Tensor]:
         return {n: candidate_pool(self.layers[n].sigma, rho).to(self.device) for n in self.names}
 
-    def _widen_pools(self, rho: float, pools: dict[str, torch.Tensor], budget: int) -> dict[str, torch.Tensor]:
-        """Lower rho until pruning every pool entirely could reach ``budget`` (with margin)."""
-        now = sum(layer.stored_parameters() for layer in self.layers.values())
+    def _open_round(self) -> dict[str, _LayerStats]:
+        """Choose candidate pools (from the tuned sigma), widened if the round's budget needs it; zero the sums."""
+        rho = self.config.pool_rho
+        budget = self.round_budget(self.round_index)
+        if budget is not None:
+            rho = widen_pools(rho, lambda r: {n: p.cpu() for n, p in self._pools(r).items()}, self.shapes(), *budget)
+        pools = self._pools(rho)
+        self._profiled = 0
+        return {n: _LayerStats(torch.zeros_like(self.layers[n].sigma), torch.zeros_like(self.layers[n].sigma), pools[n])
+                for n in self.names}
 
-        def floor(p: dict[str, torch.Tensor]) -> int:  # params if every pool were pruned
-            return sum(stored_params_at_rank(self.layers[n], self.layers[n].rank - p[n].numel()) for n in self.names)
-
-        need = now - budget
-        lo, hi = 0.0, rho
-        if need <= 0 or now - floor(pools) >= 1.5 * need:
-            return pools
-        for _ in range(30):
-            mid = (lo + hi) / 2
-            if now - floor(self._pools(mid)) >= 1.5 * need:
-                lo = mid
-            else:
-                hi = mid
-        return self._pools(lo)
+    @torch.no_grad()
+    def _monitor_loss(self) -> float:
+        """The task loss on the fixed monitor batch, averaged over processes (eval mode)."""
+        with evaluation_mode(self.model):
+            loss = self.loss_fn(self.model, self._monitor).detach().float().reshape(1)
+        return float(self.reduce(loss.to(self.device)) / self.reduce(torch.ones(1, device=self.device)))
 
     def _close_round(self) -> RoundReport:
         """Score, prune, shrink, and report the round."""
         assert self._stats is not None
         cfg = self.config
         count = float(self.reduce(torch.tensor(float(self._profiled), device=self.device)))
-        if count == 0:
+        if count == 0 and self.score.needs_gradient:
             raise BSIError("every profiling batch of this round was skipped for non-finite values; nothing to score")
-        stats = {}
+        stats: dict[str, dict] = {}
         for n in self.names:
             s = self._stats[n]
-            grad = self.reduce(s.grad) / count  # (r,) mean over every process's batches
-            hessian = self.reduce(s.hessian) / count
             sigma = self.layers[n].sigma.detach().float()
-            stats[n] = (sigma, grad, hessian, importance_scores(sigma, grad, hessian, cfg.score), s.pool)
+            grad = self.reduce(s.grad) / count if self.score.needs_gradient else None  # (r,) mean over all batches
+            curvature = self.reduce(s.curvature) / count if self.score.needs_curvature else None
+            terms = self.score.terms(sigma, grad, curvature)
+            stats[n] = {"sigma": sigma, "grad": grad, "curvature": curvature, "terms": terms,
+                        "importance": sum(terms.values()), "pool": s.pool}
+        importance = {n: stats[n]["importance"].cpu() for n in self.names}
+        pools = {n: stats[n]["pool"].cpu() for n in self.names}
+        ranks = {n: self.layers[n].rank for n in self.names}
         budget = self.round_budget(self.round_index)
         if budget is None:
-            pruned = {n: select_pruned(stats[n][3], stats[n][4], cfg.keep_per_round) for n in self.names}
+            caps = cut_caps(ranks, 1 - cfg.keep_per_round, cfg.max_cut_factor)
+            pruned = mass_selection(importance, pools, cfg.keep_per_round, caps)
         else:
-            pruned = self._prune_to_budget(stats, budget)
+            shapes = self.shapes()
+            now = parameters_after(shapes, {n: pools[n][:0] for n in self.names}, budget[1])
+            caps = cut_caps(ranks, even_share(now, budget[0]), cfg.max_cut_factor)
+            pruned = select_to_budget(shapes, importance, pools, budget[0], budget[1], cfg.selection, caps)
+        loss_before = self._monitor_loss()
         reports = []
         for n in self.names:
-            layer = self.layers[n]
-            sigma, grad, hessian, importance, pool = stats[n]
+            layer, st = self.layers[n], stats[n]
             before, ids = layer.rank, layer.basis_ids.clone()
-            keep = kept_positions(before, pruned[n].cpu()).to(self.device)
+            keep = kept_positions(before, pruned[n]).to(self.device)
             if keep.numel() < before:
                 layer.keep(keep)
                 slice_optimizer_state(self.optimizer, layer.sigma, keep)
+            cpu = lambda t: None if t is None else t.detach().float().cpu()  # noqa: E731
             reports.append(LayerRound(
-                name=n, basis_ids=ids.cpu(), sigma=sigma.cpu(), grad=grad.cpu(), hessian=hessian.cpu(),
-                importance=importance.cpu(), pool=pool.cpu(), pruned=pruned[n].cpu(),
+                name=n, basis_ids=ids.cpu(), sigma=cpu(st["sigma"]), grad=cpu(st["grad"]),
+                hessian=cpu(st["curvature"]), importance=cpu(st["importance"]),
+                terms={k: cpu(v) for k, v in st["terms"].items()}, pool=pools[n], pruned=pruned[n].cpu(),
                 rank_before=before, rank_after=layer.rank, params_after=layer.stored_parameters(),
             ))
+        loss_after = self._monitor_loss()
         now, _ = compressible_parameters(self.model)
         mean_loss = sum(self._round_losses) / len(self._round_losses) if self._round_losses else float("nan")
         report = RoundReport(
@@ -288,35 +385,11 @@ class Compressor:
             params_total=model_parameters(self.model), params_compressible=now,
             compressible_before=self.dense_before, eps=self.eps, mean_loss=mean_loss,
             skipped_batches=self.skipped, elapsed=self._elapsed(),
+            removed=sum(r.rank_before - r.rank_after for r in reports), loss_before=loss_before,
+            loss_after=loss_after, curvature=self.source.name, score=self.score.name,
         )
         self._stats, self._round_losses = None, []
         return report
-
-    def _prune_to_budget(self, stats: dict, budget: int) -> dict[str, torch.Tensor]:
-        """Bisection on the mass rule's keep fraction q in [0, 2] so params land on ``budget``."""
-
-        def params_at(q: float) -> int:
-            total = 0
-            for n in self.names:
-                layer, pool_importance = self.layers[n], stats[n][3][stats[n][4]]
-                kept = mass_rule_keep_count(pool_importance, q) if pool_importance.numel() else 0
-                total += stored_params_at_rank(layer, layer.rank - (pool_importance.numel() - kept))
-            return total
-
-        lo, hi = 0.0, 2.0
-        if params_at(hi) <= budget:
-            q = hi
-        elif params_at(lo) >= budget:
-            q = lo
-        else:
-            for _ in range(40):  # invariant: params_at(lo) < budget <= params_at(hi)
-                mid = (lo + hi) / 2
-                if params_at(mid) < budget:
-                    lo = mid
-                else:
-                    hi = mid
-            q = lo if abs(params_at(lo) - budget) <= abs(params_at(hi) - budget) else hi
-        return {n: select_pruned(stats[n][3], stats[n][4], q) for n in self.names}
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._start
@@ -325,14 +398,14 @@ class Compressor:
     @property
     def at_round_boundary(self) -> bool:
         """True between rounds: no profiling statistics are half-accumulated."""
-        return self._stats is None and self.iteration % self.config.round_length == 0
+        return self.converted and self._stats is None and self.iteration % self.config.round_length == 0
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         """Everything needed to continue this run: ``(tensors, plain JSON values)``.
 
         Only valid between rounds (see :attr:`at_round_boundary`): the layers'
         current bases, coefficients and auxiliary vectors, the optimizer's
-        moments, the probe generator and the iteration counter.
+        moments, the probe generator, the monitor batch and the counters.
         """
         if not self.at_round_boundary:
             raise RuntimeError("Compressor state can only be saved between rounds")
@@ -340,24 +413,39 @@ class Compressor:
         for n, layer in self.layers.items():
             for key in ("U", "V", "sigma", "aux_u", "aux_v", "basis_ids"):
                 tensors[f"layer.{n}.{key}"] = getattr(layer, key).detach()
+        for key, value in (self._monitor or {}).items():
+            tensors[f"monitor.{key}"] = value
         optimizer = self.optimizer.state_dict()
         for index, state in optimizer["state"].items():
             for key, value in state.items():
                 tensors[f"optimizer.{index}.{key}"] = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(value)
         plain = {
-            "iteration": self.iteration, "skipped": self.skipped, "eps": self.eps,
-            "dense_before": self.dense_before, "param_groups": optimizer["param_groups"],
-            "config": self.config.to_dict(),
+            "iteration": self.iteration, "skipped": self.skipped, "eps": self.eps, "notes": self.notes,
+            "dense_before": self.dense_before, "factor_start": self.factor_start,
+            "param_groups": optimizer["param_groups"], "config": self.config.to_dict(),
         }
         return {k: v.contiguous().cpu() for k, v in tensors.items()}, plain
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], plain: dict) -> None:
-        """Continue from :meth:`state_dict`: the layers are shrunk to the saved ranks."""
+        """Continue from :meth:`state_dict`: the layers are rebuilt at the saved ranks (no SVD, no calibration)."""
+        def saved(name: str, key: str) -> torch.Tensor:
+            return tensors[f"layer.{name}.{key}"]
+
+        if not self.converted:
+            def bases(name, linear):
+                return saved(name, "U").to(linear.weight), saved(name, "sigma"), saved(name, "V").to(linear.weight)
+
+            names = sorted({k.split(".", 1)[1].rsplit(".", 1)[0] for k in tensors if k.startswith("layer.")},
+                           key=compressible_linear_names(self.model).index)
+            self._adopt(to_basis_form(self.model, aux_rank=self.config.aux_rank, seed=self.config.seed,
+                                      names=names, bases=bases))
         for n, layer in self.layers.items():
-            get = lambda key: tensors[f"layer.{n}.{key}"].to(self.device)  # noqa: E731
-            layer.U, layer.V, layer.basis_ids = get("U"), get("V"), get("basis_ids")
+            layer.U.data, layer.V.data = saved(n, "U").to(layer.U), saved(n, "V").to(layer.V)
+            layer.basis_ids = saved(n, "basis_ids").to(self.device)
             for key in ("sigma", "aux_u", "aux_v"):
-                getattr(layer, key).data = get(key).to(getattr(layer, key).dtype)
+                getattr(layer, key).data = saved(n, key).to(device=self.device, dtype=getattr(layer, key).dtype)
+        monitor = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("monitor.")}
+        self._monitor = monitor or None
         state: dict[int, dict] = {}
         for key, value in tensors.items():
             if key.startswith("optimizer."):
@@ -367,4 +455,6 @@ class Compressor:
         self.generator.set_state(tensors["generator"])
         self.iteration, self.skipped = int(plain["iteration"]), int(plain["skipped"])
         self.eps, self.dense_before = float(plain["eps"]), int(plain["dense_before"])
+        self.factor_start = int(plain.get("factor_start", self.factor_start))
+        self.notes = list(plain.get("notes", self.notes))
         self._stats, self._round_losses = None, []

@@ -1,37 +1,99 @@
-"""The method's math as small pure functions on tensors (no model, no state).
+"""The method's math as small pure functions and callables on tensors (no model, no state).
 
-Notation follows ``METHOD.md``: a layer's active bases have coefficients
-``sigma`` (r,), the loss gradient ``g = E[dl/dsigma]`` (r,) and the Hessian
-diagonal ``h ~= E[d2l/dsigma^2]`` (r,). Every function here can be tested with
+Notation: a layer's active bases have coefficients ``sigma`` (r,), the loss
+gradient ``g = E[dl/dsigma]`` (r,) and a curvature estimate
+``h ~= E[d2l/dsigma^2]`` (r,) (the Hessian diagonal or a stand-in for it, see
+:mod:`bsi.method.curvature`). Every function here can be tested with
 hand-made vectors, and the notebooks call them directly.
+
+Scores are small callables (:class:`Score`) that say what they need, so the
+engine estimates only that: ``basel`` needs neither gradient nor curvature,
+``bsi-grad`` the gradient only, ``bsi`` both. Each score also exposes its
+*terms*, the parts it adds up, which the dashboard's Inspect tab shows.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
+from bsi.config import SCORES as SCORE_NAMES
 from bsi.errors import BSIError
-
-SCORES = ("bsi", "bsi-grad", "basel")
 
 #: Fraction (mantissa) bits of each floating-point format.
 FRACTION_BITS = {torch.float32: 23, torch.bfloat16: 7, torch.float16: 10, torch.float64: 52}
 
 
 # ----------------------------------------------------------------- importance
-def importance_scores(
-    sigma: torch.Tensor, grad: torch.Tensor, hessian: torch.Tensor, score: str = "bsi"
-) -> torch.Tensor:
-    """Predicted loss increase of dropping each basis (large = keep).
+@dataclass(frozen=True)
+class Score:
+    """An importance score: the predicted cost of dropping each basis (large = keep).
 
     Dropping basis ``i`` moves ``sigma_i`` by ``-sigma_i``. A second-order
-    Taylor expansion of the loss gives::
+    Taylor expansion of the loss gives its predicted increase::
 
         bsi:       I_i = -sigma_i * g_i + 1/2 * sigma_i^2 * h_i
         bsi-grad:  I_i = -sigma_i * g_i                  (first-order term only)
         basel:     I_i = |sigma_i|                       (magnitude after re-learning)
+
+    Attributes:
+        name: the registry name (``--score``).
+        needs_gradient: the score reads ``g`` (the engine profiles gradients).
+        needs_curvature: the score reads ``h`` (the engine estimates curvature).
+        loss_units: the values are predicted loss changes, comparable across
+            layers (``basel``'s magnitudes are not).
+    """
+
+    name: str
+    needs_gradient: bool
+    needs_curvature: bool
+    loss_units: bool
+    description: str
+
+    def terms(self, sigma: torch.Tensor, grad: torch.Tensor | None = None,
+              curvature: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The named parts of the score, each (r,) float32; the score is their sum."""
+        sigma = sigma.detach().float()
+        if self.needs_gradient and grad is None or self.needs_curvature and curvature is None:
+            raise BSIError(f"score '{self.name}' needs the gradient{' and the curvature' if self.needs_curvature else ''}")
+        out: dict[str, torch.Tensor] = {}
+        if self.needs_gradient:
+            out["gradient"] = -sigma * grad.float()  # first-order term
+        if self.needs_curvature:
+            out["curvature"] = 0.5 * sigma.square() * curvature.float()  # second-order term
+        if not out:
+            out["magnitude"] = sigma.abs()
+        return out
+
+    def __call__(self, sigma: torch.Tensor, grad: torch.Tensor | None = None,
+                 curvature: torch.Tensor | None = None) -> torch.Tensor:
+        """(r,) float32 importance; bases with small or negative values go first."""
+        return sum(self.terms(sigma, grad, curvature).values())
+
+
+#: name -> score. The registry the config, the CLI and the dashboard read.
+SCORES: dict[str, Score] = {
+    "bsi": Score("bsi", True, True, True, "BSI: first- plus second-order predicted loss increase"),
+    "bsi-grad": Score("bsi-grad", True, False, True, "BSI without the second-order term"),
+    "basel": Score("basel", False, False, False, "Basel: the re-learned |sigma|"),
+}
+assert tuple(SCORES) == SCORE_NAMES, "bsi.config.SCORES must list the registry's names"
+
+
+def get_score(name: str) -> Score:
+    """The registered score ``name`` (a clear error lists the valid names)."""
+    try:
+        return SCORES[name]
+    except KeyError:
+        raise BSIError(f"unknown score '{name}': use one of {', '.join(SCORES)}") from None
+
+
+def importance_scores(
+    sigma: torch.Tensor, grad: torch.Tensor, hessian: torch.Tensor, score: str = "bsi"
+) -> torch.Tensor:
+    """Predicted loss increase of dropping each basis under score ``score`` (see :class:`Score`).
 
     Args:
         sigma, grad, hessian: (r,) tensors of the same layer.
@@ -40,14 +102,7 @@ def importance_scores(
     Returns:
         (r,) float32 importance. Bases with small or negative values go first.
     """
-    sigma, grad, hessian = sigma.float(), grad.float(), hessian.float()
-    if score == "bsi":
-        return -sigma * grad + 0.5 * sigma.square() * hessian
-    if score == "bsi-grad":
-        return -sigma * grad
-    if score == "basel":
-        return sigma.abs()
-    raise BSIError(f"unknown score '{score}': use one of {', '.join(SCORES)}")
+    return get_score(score)(sigma, grad, hessian)
 
 
 # ----------------------------------------------------- perturbation intensity
@@ -58,15 +113,23 @@ def fraction_bits(dtype: torch.dtype) -> int:
     return FRACTION_BITS[dtype]
 
 
-def eps_rule(sigma_max: float, dtype: torch.dtype, alpha: float = 0.01, eps_max: float = 0.1) -> float:
-    """Perturbation intensity for the Hessian estimate: ``min(2^-(f+1) * sigma_max / alpha, eps_max)``.
+def eps_rule(sigma_max: float, dtype: torch.dtype, alpha: float = 0.01, eps_max: float = 0.1,
+             eps_floor: float = 0.0) -> float:
+    """Perturbation intensity for the Hessian estimate: ``min(2^-(f+1) * sigma_max / alpha, eps_max)``, at least ``eps_floor``.
 
     Adding ``eps`` to a coefficient of size ``sigma_max`` stored with ``f``
     fraction bits rounds it by up to ``2^-(f+1) * sigma_max``. Asking that this
     rounding be at most a fraction ``alpha`` of ``eps`` gives the lower bound;
     ``eps_max`` (< 1) keeps eps small enough that higher-order Taylor terms stay
     negligible. One eps serves every layer, so ``sigma_max`` is the largest
-    singular value over the whole model.
+    coefficient over the whole model.
+
+    ``eps_floor`` is bsi's addition to the method's rule: the rule guards the
+    rounding of ``sigma + eps`` but not the round-off of the two *gradients*,
+    whose difference ``g+ - g- ~ eps * H z`` must stand above it. In fp32 the
+    rule gives ~1e-6 for a model whose largest coefficient is ~1 (or ~5e-4 for
+    one of ~82), where that round-off swamps the difference; a floor of 1e-4
+    keeps it small (see ``docs/curvature.md``). ``eps_floor=0`` is the method's rule.
 
     Example: fp32 (f=23), sigma_max=82, alpha=0.01 gives eps ~ 4.9e-4; bf16
     (f=7) would need ~32, so it is capped at ``eps_max``.
@@ -75,7 +138,8 @@ def eps_rule(sigma_max: float, dtype: torch.dtype, alpha: float = 0.01, eps_max:
         raise BSIError(f"eps alpha must be > 0, got {alpha}")
     if not 0 < eps_max < 1:
         raise BSIError(f"eps_max must be in (0, 1), got {eps_max}")
-    return min(2.0 ** -(fraction_bits(dtype) + 1) * float(sigma_max) / alpha, eps_max)
+    rule = min(2.0 ** -(fraction_bits(dtype) + 1) * float(sigma_max) / alpha, eps_max)
+    return max(rule, min(eps_floor, eps_max))
 
 
 # -------------------------------------------------------------- Hutchinson

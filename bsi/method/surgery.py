@@ -1,4 +1,4 @@
-"""Finding a model's linear layers, swapping them for `BasisLinear`, and counting size.
+"""Model surgery: finding a model's linear layers, swapping them into and out of the Basel form, counting size.
 
 Which layers are compressible: every ``nn.Linear`` inside the model, except an
 output layer whose weight *is* the input embedding (tied weights: compressing
@@ -8,12 +8,16 @@ touched.
 Replacement follows the usual "validate, then mutate" order: the list of
 targets is computed and checked first (a model without linear layers raises
 before anything changes), then each layer is swapped through its parent's
-``setattr``.
+``setattr`` (:func:`replace_module`). This module is the one place that does
+it: the engine, the baselines, the export, the spectra and the notebooks all
+call :func:`to_basis_form` (or its temporary form :func:`basis_form`),
+:func:`to_exported_form` and :func:`replace_module`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -21,10 +25,22 @@ from torch import nn
 from bsi.errors import BSIError
 from bsi.method.layers import BasisLinear, LowRankLinear
 
+#: (U, sigma, V) of one layer, ``U diag(sigma) V^T == W``
+Bases = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
-def _parent_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+
+def parent_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """The module holding submodule ``name`` and the attribute it is stored under."""
     parent_name, _, attr = name.rpartition(".")
     return (model.get_submodule(parent_name) if parent_name else model), attr
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> nn.Module:
+    """Put ``new`` where submodule ``name`` is; returns the module it replaced."""
+    parent, attr = parent_and_attr(model, name)
+    old = getattr(parent, attr)
+    setattr(parent, attr, new)
+    return old
 
 
 def tied_output_names(model: nn.Module) -> set[str]:
@@ -48,33 +64,82 @@ def basis_layers(model: nn.Module) -> dict[str, BasisLinear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, BasisLinear)}
 
 
-def to_basis_form(model: nn.Module, aux_rank: int = 8, seed: int = 0) -> dict[str, BasisLinear]:
-    """Replace every compressible linear layer by an exact `BasisLinear`, in place.
+def freeze_all_but_coefficients(model: nn.Module, layers: Iterable[BasisLinear]) -> None:
+    """Only the layers' ``TRAINABLE_PARAMETERS`` (sigma, auxiliary vectors) require gradients afterwards."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for layer in layers:
+        for name in BasisLinear.TRAINABLE_PARAMETERS:
+            getattr(layer, name).requires_grad_(True)
+
+
+def to_basis_form(
+    model: nn.Module,
+    aux_rank: int = 8,
+    seed: int = 0,
+    names: Sequence[str] | None = None,
+    bases: Mapping[str, Bases] | Callable[[str, nn.Linear], Bases] | None = None,
+) -> dict[str, BasisLinear]:
+    """Replace compressible linear layers by exact `BasisLinear` layers, in place.
+
+    Args:
+        aux_rank: auxiliary vectors per layer.
+        seed: seed of the auxiliary vectors' random start.
+        names: the layers to convert (default: every compressible one).
+        bases: per layer, the ``(U, sigma, V)`` to write it in, as a mapping or
+            a function ``(name, linear) -> bases``; default: the plain SVD.
 
     Freezes every other parameter of the model (only sigma and the auxiliary
-    vectors train afterwards). Returns the new layers by name.
+    vectors train afterwards). Returns the model's `BasisLinear` layers by
+    name; a model already converted is returned as it is.
 
     Raises:
-        BSIError: when the model has no compressible linear layer.
+        BSIError: when the model has no compressible linear layer, or a name is not one.
     """
     existing = basis_layers(model)
-    if existing:
+    if existing and names is None:
         return existing
-    names = compressible_linear_names(model)
-    if not names:
+    targets = compressible_linear_names(model) if names is None else list(names)
+    modules = dict(model.named_modules())
+    if not targets:
         raise BSIError(
             f"{type(model).__name__} has no nn.Linear layers to compress (only embeddings or custom layers)"
         )
+    for name in targets:
+        if not isinstance(modules.get(name), nn.Linear):
+            raise BSIError(f"'{name}' is not a linear layer of this model")
     generator = torch.Generator().manual_seed(seed)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    layers: dict[str, BasisLinear] = {}
-    for name in names:
-        parent, attr = _parent_and_attr(model, name)
-        layer = BasisLinear.from_linear(getattr(parent, attr), aux_rank=aux_rank, generator=generator)
-        setattr(parent, attr, layer)
-        layers[name] = layer
+    for name in targets:
+        linear = modules[name]
+        given = bases(name, linear) if callable(bases) else (bases or {}).get(name)
+        replace_module(model, name, BasisLinear.from_linear(linear, aux_rank=aux_rank, generator=generator,
+                                                            bases=given))
+    layers = basis_layers(model)
+    freeze_all_but_coefficients(model, layers.values())
     return layers
+
+
+@contextmanager
+def basis_form(model: nn.Module, names: Sequence[str], aux_rank: int = 0) -> Iterator[dict[str, BasisLinear]]:
+    """Temporarily write layers ``names`` in Basel form; the original modules come back afterwards.
+
+    For studying a few layers without converting (or paying the SVD of) the
+    whole model: the Hessian spectra and the notebooks use it. Inside the
+    block only the converted layers' coefficients require gradients; the
+    previous ``requires_grad`` flags are restored after it::
+
+        with basis_form(model, ["model.layers.0.mlp.down_proj"]) as layers:
+            ...  # layers["model.layers.0.mlp.down_proj"].sigma
+    """
+    flags = {id(p): p.requires_grad for p in model.parameters()}
+    originals = {name: model.get_submodule(name) for name in names}
+    try:
+        yield to_basis_form(model, aux_rank=aux_rank, names=names)
+    finally:
+        for name, module in originals.items():
+            replace_module(model, name, module)
+        for p in model.parameters():
+            p.requires_grad_(flags.get(id(p), p.requires_grad))
 
 
 def to_exported_form(model: nn.Module) -> dict[str, dict]:
@@ -87,14 +152,13 @@ def to_exported_form(model: nn.Module) -> dict[str, dict]:
     """
     table: dict[str, dict] = {}
     for name, layer in basis_layers(model).items():
-        parent, attr = _parent_and_attr(model, name)
         if layer.factor_parameters() < layer.dense_parameters():
             new: nn.Module = LowRankLinear.from_basis(layer)
             kind, rank = "lowrank", new.rank
         else:
             new = layer.to_linear()
             kind, rank = "dense", min(layer.in_features, layer.out_features)
-        setattr(parent, attr, new)
+        replace_module(model, name, new)
         table[name] = {
             "kind": kind, "rank": rank, "bases": layer.rank, "aux_rank": layer.aux_rank,
             "in": layer.in_features, "out": layer.out_features, "bias": layer.bias is not None,
@@ -161,6 +225,21 @@ def layer_ranks(model: nn.Module) -> dict[str, int]:
     return {name: layer.rank for name, layer in basis_layers(model).items()}
 
 
-def largest_singular_value(layers: dict[str, BasisLinear]) -> float:
-    """sigma_max over all layers (the eps rule's scale)."""
-    return max(float(layer.sigma.detach().abs().max()) for layer in layers.values() if layer.rank)
+@torch.no_grad()
+def sigma_max(model: nn.Module) -> float:
+    """The largest coefficient over all compressible layers (the eps rule's ``sigma_max``).
+
+    Layers in Basel form contribute their largest ``|sigma|``; layers still
+    dense their spectral norm (their largest singular value), so the value does
+    not depend on how many layers have been converted (with plain SVD bases).
+
+    Raises:
+        BSIError: for a model with no linear layer.
+    """
+    values = [float(layer.sigma.abs().max()) for layer in basis_layers(model).values() if layer.rank]
+    modules = dict(model.named_modules())
+    values += [float(torch.linalg.matrix_norm(modules[n].weight.detach().float(), ord=2))
+               for n in compressible_linear_names(model)]
+    if not values:
+        raise BSIError(f"{type(model).__name__} has no linear layer")
+    return max(values)

@@ -1,9 +1,13 @@
-"""The SVD family of baselines: plain SVD, Fisher-weighted SVD, activation-aware SVD.
+"""The truncation baselines: plain SVD, SVD-LLM, Fisher-weighted SVD, activation-aware SVD.
 
 Each baseline decides *which rank-k approximation* of a weight ``W`` (out, in)
-to keep, by choosing what error the truncation should be small in:
+to keep, by choosing what error the truncation should be small in (the bases
+themselves are computed in :mod:`bsi.method.bases`):
 
 * **SVD** keeps the top-k singular triplets of ``W``: smallest ``||W - W_k||_F``.
+* **SVD-LLM** truncates the SVD of ``W S``, ``S`` the Cholesky factor of the
+  layer's input covariance on task batches: the smallest *output* error
+  ``||X (W - W_k)^T||_F`` on those inputs (:func:`bsi.method.bases.whitened_bases`).
 * **FWSVD** (Fisher-weighted SVD) weights each output row ``i`` by
   ``d_i = sqrt(sum_j F_ij)``, where ``F_ij`` is the squared gradient of the task
   loss w.r.t. ``W_ij`` accumulated over task batches (an empirical Fisher
@@ -13,15 +17,13 @@ to keep, by choosing what error the truncation should be small in:
 * **ASVD** (activation-aware SVD) scales each input channel ``j`` by
   ``s_j = mean|x_j| ** alpha`` measured on calibration batches of the task, and
   truncates ``W diag(s)``: it minimises ``||(W - W_k) diag(s)||_F``, which
-  approximates the *output* error ``||X (W - W_k)^T||`` on real inputs, where a
-  few large-activation channels dominate.
+  approximates the output error on real inputs, where a few large-activation
+  channels dominate.
 
-All three return ``(U, sigma, V)`` with ``W ~= U diag(sigma) V^T`` and the
-weighting undone (``U`` or ``V`` are then no longer orthonormal, which the
-rest of bsi never assumes). :func:`install_bases` writes them into the
-model's :class:`~bsi.method.layers.BasisLinear` layers and keeps the top-k bases, so
-every baseline goes through *the same* recovery stage (which trains sigma and
-the auxiliary vectors) and the same export and size accounting as BSI.
+All of them give ``(U, sigma, V)`` with ``W ~= U diag(sigma) V^T`` and the
+weighting undone. :func:`install_bases` keeps the top-k bases of a
+:class:`~bsi.method.layers.BasisLinear` layer, so every baseline goes through
+*the same* recovery stage and the same export and size accounting as BSI.
 
 Rank allocation decides ``k`` per layer: :func:`uniform_ranks` gives every
 layer the same share of its parameters (the usual choice for SVD baselines),
@@ -29,8 +31,8 @@ layer the same share of its parameters (the usual choice for SVD baselines),
 truncating a layer hurts the loss most. Both land within one basis per layer
 of a target parameter count.
 
-The functions here are pure tensor math; gathering the statistics from a model
-lives in :class:`ActivationStats` and :func:`fisher_information`.
+The functions here are pure tensor math; gathering statistics from a model is
+:func:`input_statistics` and :func:`fisher_information`.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from bsi.errors import BSIError
+from bsi.method.bases import InputStatistics
 from bsi.method.layers import BasisLinear
+from bsi.method.schedule import LayerShape
 from bsi.reports import StepReport
 
 # --------------------------------------------------------------------- math
@@ -86,68 +89,6 @@ def activation_scales(abs_mean: torch.Tensor, alpha: float = 0.5, floor: float =
     return s.clamp_min(floor * top)
 
 
-def weighted_svd(
-    weight: torch.Tensor, row_weights: torch.Tensor | None = None, col_scales: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """SVD of ``diag(d) W diag(s)``, with ``d`` and ``s`` folded back out of the factors.
-
-    Truncating the result to its first k triplets gives the rank-k matrix that
-    minimises ``||diag(d) (W - W_k) diag(s)||_F`` (Eckart-Young on the weighted
-    matrix). With no weights it is the plain SVD.
-
-    Args:
-        weight: (out, in) dense weight.
-        row_weights: (out,) positive weights ``d`` or None.
-        col_scales: (in,) positive scales ``s`` or None.
-
-    Returns:
-        ``U`` (out, r), ``sigma`` (r,) descending, ``V`` (in, r), float32, with
-        ``U diag(sigma) V^T == W`` up to rounding and ``r = min(out, in)``.
-    """
-    w = weight.detach().float()  # (out, in)
-    d = row_weights.float().to(w.device) if row_weights is not None else None
-    s = col_scales.float().to(w.device) if col_scales is not None else None
-    if d is not None:
-        w = d[:, None] * w
-    if s is not None:
-        w = w * s[None, :]
-    u, sigma, vh = torch.linalg.svd(w, full_matrices=False)  # (out, r), (r,), (r, in)
-    v = vh.T  # (in, r)
-    if d is not None:
-        u = u / d[:, None]
-    if s is not None:
-        v = v / s[:, None]
-    return u.contiguous(), sigma, v.contiguous()
-
-
-def factor_cost(in_features: int, out_features: int, rank: int, aux_rank: int, bias: bool) -> int:
-    """Exported parameters of a layer with ``rank`` bases: min(factors, dense), plus bias."""
-    extra = out_features if bias else 0
-    return min((rank + aux_rank) * (in_features + out_features), in_features * out_features) + extra
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    """What rank allocation needs to know about one layer."""
-
-    in_features: int
-    out_features: int
-    max_rank: int
-    aux_rank: int = 0
-    bias: bool = False
-
-    def cost(self, rank: int) -> int:
-        return factor_cost(self.in_features, self.out_features, rank, self.aux_rank, self.bias)
-
-    @property
-    def dense(self) -> int:
-        return self.in_features * self.out_features + (self.out_features if self.bias else 0)
-
-    @classmethod
-    def of(cls, layer: BasisLinear) -> "LayerShape":
-        return cls(layer.in_features, layer.out_features, layer.rank, layer.aux_rank, layer.bias is not None)
-
-
 def _fill_to_budget(shapes: Mapping[str, LayerShape], ranks: dict[str, int], budget: int,
                     priority: Callable[[str], float]) -> dict[str, int]:
     """Add one basis at a time (highest ``priority`` first) while the total stays <= budget,
@@ -155,7 +96,7 @@ def _fill_to_budget(shapes: Mapping[str, LayerShape], ranks: dict[str, int], bud
     total = sum(shapes[n].cost(ranks[n]) for n in shapes)
     for name in sorted(shapes, key=priority, reverse=True):
         shape = shapes[name]
-        while ranks[name] < shape.max_rank:
+        while ranks[name] < shape.rank:
             step = shape.cost(ranks[name] + 1) - shape.cost(ranks[name])
             if total + step > budget:
                 break
@@ -164,7 +105,7 @@ def _fill_to_budget(shapes: Mapping[str, LayerShape], ranks: dict[str, int], bud
     # one more basis somewhere may land closer to the budget than staying under it
     best, best_gap = None, budget - total
     for name, shape in shapes.items():
-        if ranks[name] < shape.max_rank:
+        if ranks[name] < shape.rank:
             over = total + shape.cost(ranks[name] + 1) - shape.cost(ranks[name]) - budget
             if 0 <= over < best_gap:
                 best, best_gap = name, over
@@ -185,7 +126,7 @@ def uniform_ranks(shapes: Mapping[str, LayerShape], target_ratio: float) -> dict
     budget = round(target_ratio * sum(s.dense for s in shapes.values()))
     exact = {n: max(0.0, target_ratio * s.dense / (s.in_features + s.out_features) - s.aux_rank)
              for n, s in shapes.items()}
-    ranks = {n: min(shapes[n].max_rank, int(exact[n])) for n in shapes}
+    ranks = {n: min(shapes[n].rank, int(exact[n])) for n in shapes}
     if sum(shapes[n].cost(ranks[n]) for n in shapes) > budget:  # aux vectors alone overshoot: shrink
         ranks = {n: 0 for n in shapes}
     return _fill_to_budget(shapes, ranks, budget, priority=lambda n: exact[n] - ranks[n])
@@ -215,13 +156,13 @@ def sensitivity_ranks(shapes: Mapping[str, LayerShape], target_ratio: float,
 
     def rank_at(shape: LayerShape, share: float) -> int:
         exact = share * shape.dense / (shape.in_features + shape.out_features) - shape.aux_rank
-        return min(shape.max_rank, max(0, int(exact)))
+        return min(shape.rank, max(0, int(exact)))
 
     def ranks_for(tau: float) -> dict[str, int]:
         out = {}
         for n, shape in shapes.items():
             ok = [share for share, loss in sensitivity[n].items() if loss <= tau]
-            out[n] = rank_at(shape, min(ok)) if ok else shape.max_rank
+            out[n] = rank_at(shape, min(ok)) if ok else shape.rank
         return out
 
     levels = sorted({loss for table in sensitivity.values() for loss in table.values()})
@@ -260,58 +201,25 @@ def install_bases(layer: BasisLinear, u: torch.Tensor, sigma: torch.Tensor, v: t
 # --------------------------------------------------------- model statistics
 
 
-class ActivationStats:
-    """Mean absolute input activation of each channel of some linear layers.
+def input_statistics(model: nn.Module, modules: Mapping[str, nn.Module], batches: Iterator[dict], count: int,
+                     covariance: bool = False) -> Generator[StepReport, None, InputStatistics]:
+    """Run ``count`` batches through ``model`` (no gradient), yielding a StepReport each; returns the statistics.
 
-    Use as a context manager around forward passes; padding positions (where
-    :attr:`mask` is 0) are left out. ``abs_mean()`` returns ``{name: (in,)}``.
+    See :class:`bsi.method.bases.InputStatistics`: ``abs_mean()`` for ASVD's
+    scales, ``covariance()`` (if asked) for SVD-LLM's whitening.
     """
-
-    def __init__(self, modules: Mapping[str, nn.Module]) -> None:
-        self.modules = dict(modules)
-        self.sums = {n: torch.zeros(m.in_features) for n, m in self.modules.items()}
-        self.counts = dict.fromkeys(self.modules, 0)
-        self.mask: torch.Tensor | None = None  # (B, T) of the batch being run
-        self._handles: list = []
-
-    def _hook(self, name: str):
-        def hook(module: nn.Module, args: tuple) -> None:
-            x = args[0].detach().float()  # (B, T, in)
-            if self.mask is not None and x.dim() == 3 and x.shape[:2] == self.mask.shape:
-                keep = self.mask.to(x.device).bool()  # (B, T)
-                x = x[keep]  # (N, in)
-            x = x.reshape(-1, x.shape[-1])  # (N, in)
-            self.sums[name] += x.abs().sum(dim=0).cpu()
-            self.counts[name] += x.shape[0]
-        return hook
-
-    def __enter__(self) -> "ActivationStats":
-        self._handles = [m.register_forward_pre_hook(self._hook(n)) for n, m in self.modules.items()]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-    def abs_mean(self) -> dict[str, torch.Tensor]:
-        return {n: self.sums[n] / max(self.counts[n], 1) for n in self.modules}
-
-
-def activation_statistics(model: nn.Module, modules: Mapping[str, nn.Module], batches: Iterator[dict],
-                          count: int) -> Generator[StepReport, None, dict[str, torch.Tensor]]:
-    """Run ``count`` batches through ``model``, yielding a StepReport each; returns ``{name: mean|x| (in,)}``."""
     device = next(model.parameters()).device
-    stats = ActivationStats(modules)
+    stats = InputStatistics(modules, covariance=covariance)
     start = _now()
     with stats, torch.inference_mode():
         for step in range(1, count + 1):
             batch = next(batches)
-            stats.mask = batch.get("attention_mask")
-            mask = stats.mask.to(device) if stats.mask is not None else None
-            model(input_ids=batch["input_ids"].to(device), attention_mask=mask, use_cache=False)
+            mask = batch.get("attention_mask")
+            stats.start_batch(mask)
+            model(input_ids=batch["input_ids"].to(device), attention_mask=mask.to(device) if mask is not None else None,
+                  use_cache=False)
             yield StepReport("calibrate", step, count, float("nan"), _now() - start)
-    return stats.abs_mean()
+    return stats
 
 
 def fisher_information(model: nn.Module, modules: Mapping[str, nn.Module], batches: Iterator[dict], count: int,
@@ -364,11 +272,11 @@ def truncation_sensitivity(model: nn.Module, layers: Mapping[str, BasisLinear], 
     table: dict[str, dict[float, float]] = {}
     start = _now()
     for step, (name, layer) in enumerate(layers.items(), start=1):
-        shape = LayerShape.of(layer)
+        shape = LayerShape(layer.in_features, layer.out_features, layer.rank, layer.aux_rank, layer.bias is not None)
         saved = layer.sigma.detach().clone()
         row = {}
         for share in shares:
-            rank = min(shape.max_rank, max(0, int(share * shape.dense / (shape.in_features + shape.out_features)
+            rank = min(shape.rank, max(0, int(share * shape.dense / (shape.in_features + shape.out_features)
                                                   - shape.aux_rank)))
             with torch.no_grad():
                 layer.sigma[rank:] = 0

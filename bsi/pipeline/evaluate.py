@@ -1,8 +1,7 @@
 """Measuring a model on a task: the loss that everything optimises, and accuracy.
 
-* :func:`answer_token_loss` is *the* loss of bsi: the mean cross-entropy of
-  the answer tokens given everything before them. Fine-tuning minimises it,
-  the importance scores of BSI are its derivatives, and evaluation reports it.
+* the loss, :data:`bsi.pipeline.losses.answer_token_loss`, lives in
+  :mod:`bsi.pipeline.losses`;
 * :func:`generate_answers` lets the model answer questions greedily.
 * :func:`evaluate` combines both on a test set: exact-match accuracy of the
   final number, and the token-weighted answer loss.
@@ -15,12 +14,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from bsi.pipeline.losses import answer_token_loss, device_of
+
 from bsi.data import (
-    IGNORE_INDEX,
     Example,
     answers_match,
     build_prompt,
@@ -43,40 +42,6 @@ class Metrics:
     def to_dict(self) -> dict:
         """The metrics as a plain dict (JSON-serialisable)."""
         return asdict(self)
-
-
-def answer_token_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """Summed cross-entropy over the labelled tokens of a batch, and their count.
-
-    A causal LM's logits at position ``t`` predict token ``t + 1``, so logits
-    drop their last position and labels their first before they are
-    compared. Positions labelled -100 (prompt, padding) are left out before the
-    cross-entropy, which runs in float32 whatever the model's dtype.
-    """
-    device = _device_of(model)
-    input_ids = batch["input_ids"].to(device)  # (B, T)
-    labels = batch["labels"].to(device)  # (B, T)
-    attention_mask = batch.get("attention_mask")
-    if attention_mask is not None:
-        attention_mask = attention_mask.to(device)  # (B, T)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
-    shifted_labels = labels[:, 1:]  # (B, T-1): token t+1 is the target at position t
-    keep = shifted_labels != IGNORE_INDEX  # (B, T-1)
-    picked = logits[:, :-1][keep].float()  # (N, V), N labelled tokens
-    targets = shifted_labels[keep]  # (N,)
-    return F.cross_entropy(picked, targets, reduction="sum"), int(targets.numel())
-
-
-def answer_token_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean cross-entropy of the answer tokens: the loss of the whole project.
-
-    ``batch`` holds ``input_ids``, ``attention_mask`` and ``labels``, each
-    ``(B, T)``, as made by :func:`bsi.data.collate`; labels are -100 where no
-    loss is wanted. Returns a float32 scalar with a gradient graph (NaN if no
-    token is labelled).
-    """
-    total, count = answer_token_loss_sum(model, batch)
-    return total / count if count else total * float("nan")
 
 
 @contextmanager
@@ -117,7 +82,7 @@ def generate_answers(
     end-of-turn or end-of-sequence token; only the new tokens are decoded,
     without special tokens.
     """
-    device = _device_of(model)
+    device = device_of(model)
     prompts = [build_prompt(tokenizer, q) for q in questions]
     add_special = not tokenizer.chat_template  # a chat template writes its own special tokens
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
@@ -189,12 +154,8 @@ def dataset_loss(
     with torch.inference_mode():
         for start in range(0, len(encoded), batch_size):
             batch = collate(encoded[start : start + batch_size], pad_id(tokenizer))
-            batch_sum, batch_count = answer_token_loss_sum(model, batch)
+            batch_sum, batch_count = answer_token_loss.sum_and_count(model, batch)
             total, count = total + float(batch_sum), count + batch_count
     return total / count if count else float("nan")
 
 
-def _device_of(model: nn.Module) -> torch.device:
-    """The device of the model's first parameter (CPU for a parameterless module)."""
-    parameter = next(model.parameters(), None)
-    return parameter.device if parameter is not None else torch.device("cpu")

@@ -1,25 +1,28 @@
-"""The six compression methods, behind one interface, through one pipeline.
+"""The compression methods, behind one interface, through one pipeline.
 
 A *method* is a small object with a ``name``, a one-line ``description`` and
 ``compress(pipeline)``: a generator that turns ``pipeline.model`` (already
-task-fine-tuned) into a model of :class:`~bsi.method.layers.BasisLinear` layers of
-the size ``pipeline.config.compress.target_ratio`` asks for. Everything else,
-task fine-tuning (cached, so a sweep does it once), the recovery fine-tune of
-sigma and the auxiliary vectors, export, size accounting and evaluation, is
-:class:`~bsi.pipeline.runner.Pipeline`'s and identical for every method.
+task-fine-tuned) into a model of :class:`~bsi.method.layers.BasisLinear`
+layers of the size the configuration asks for. Everything else, task
+fine-tuning (cached, so a sweep does it once), the recovery stage, export,
+size accounting and evaluation, is :class:`~bsi.pipeline.runner.Pipeline`'s
+and identical for every method.
 
 ==========  ==================================================================
 name        what it keeps
 ==========  ==================================================================
 svd         each layer's top-k singular triplets
+svd-llm     top-k of the SVD of the whitened weight ``W S`` (output error on task inputs)
 fwsvd       top-k of the Fisher-row-weighted SVD (weights undone after)
 asvd        top-k of the activation-scaled SVD (scales undone after)
 basel       engine: prune the smallest re-learned ``|sigma_i|``
-bsi-grad    engine: BSI without Hessian, ``-sigma_i E[dl/dsigma_i]``
-bsi         engine: BSI, gradient plus Hessian-diagonal term
+bsi-grad    engine: BSI without the curvature term, ``-sigma_i E[dl/dsigma_i]``
+bsi         engine: BSI, gradient plus curvature term
 ==========  ==================================================================
 
-Add a method by adding an entry to :data:`METHODS`.
+The engine methods run :meth:`Pipeline.run_engine` with their score (the
+bases, plain or whitened, are ``compress.bases`` for all three). Add a method
+by adding an entry to :data:`METHODS`.
 """
 
 from __future__ import annotations
@@ -27,42 +30,41 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
+from bsi.errors import BSIError
+from bsi.method.bases import weighted_svd, whitened_bases
+from bsi.method.schedule import LayerShape
+from bsi.method.surgery import Bases, compressible_linear_names, to_basis_form
 from bsi.pipeline.baselines import (
-    LayerShape,
     activation_scales,
-    activation_statistics,
     fisher_information,
     fisher_row_weights,
-    install_bases,
+    input_statistics,
     sensitivity_ranks,
     truncation_sensitivity,
     uniform_ranks,
-    weighted_svd,
 )
-from bsi.config import PipelineConfig
-from bsi.method.engine import Compressor
-from bsi.errors import BSIError
-from bsi.pipeline.evaluate import Metrics, answer_token_loss
-from bsi.pipeline.runner import Pipeline, Report
-from bsi.method.surgery import compressible_linear_names, model_parameters, to_basis_form
-from bsi.reports import EvalReport, RoundReport
+from bsi.pipeline.losses import answer_token_loss
+
+if TYPE_CHECKING:
+    from bsi.pipeline.runner import Pipeline, Report
 
 ALLOCATIONS = ("uniform", "sensitivity")
 
 
 @dataclass
 class BaselineConfig:
-    """Settings of the SVD-family baselines (the engine methods ignore them).
+    """Settings of the truncation baselines (the engine methods ignore them).
+
+    Their calibration batches are ``compress.calibration_batches``, the same
+    number the engine's whitened bases use.
 
     Args:
         alpha: ASVD's exponent in ``s_j = mean|x_j| ** alpha``.
-        calibration_batches: task batches for activation / Fisher statistics.
         allocation: ``uniform`` (every layer keeps the same share of its size)
             or ``sensitivity`` (ASVD's loss-driven allocation; one loss
             evaluation per layer and share, slow on big models).
@@ -71,7 +73,6 @@ class BaselineConfig:
     """
 
     alpha: float = 0.5
-    calibration_batches: int = 8
     allocation: str = "uniform"
     sensitivity_shares: tuple[float, ...] = (0.1, 0.2, 0.35, 0.5, 0.7, 0.9)
     sensitivity_batches: int = 2
@@ -80,8 +81,6 @@ class BaselineConfig:
         self.sensitivity_shares = tuple(float(s) for s in self.sensitivity_shares)
         if not self.alpha >= 0:
             raise BSIError(f"alpha must be >= 0, got {self.alpha}")
-        if self.calibration_batches < 1:
-            raise BSIError(f"calibration_batches must be >= 1, got {self.calibration_batches}")
         if self.allocation not in ALLOCATIONS:
             raise BSIError(f"allocation must be one of {', '.join(ALLOCATIONS)}, got '{self.allocation}'")
         if not self.sensitivity_shares or not all(0 < s <= 1 for s in self.sensitivity_shares):
@@ -99,97 +98,112 @@ class Method(Protocol):
     name: str
     description: str
 
-    def compress(self, pipeline: "MethodPipeline") -> Iterator[Report]: ...
+    def compress(self, pipeline: "Pipeline") -> Iterator["Report"]: ...
 
 
 # ------------------------------------------------------------ engine methods
 @dataclass(frozen=True)
 class EngineMethod:
-    """One of the engine's scores (METHOD.md sec. 3), run by :class:`~bsi.method.engine.Compressor`."""
+    """One of the engine's scores, run by :meth:`Pipeline.run_engine` (checkpoints, processes and all)."""
 
     name: str
     score: str
     description: str
 
-    def compress(self, pipeline: "MethodPipeline") -> Iterator[Report]:
-        config = dataclasses.replace(pipeline.config.compress, score=self.score)
-        compressor = Compressor(pipeline.model, pipeline.stream(2), config, answer_token_loss,
-                                compute_dtype=pipeline.dtype)
-        for report in compressor.run():
-            if isinstance(report, RoundReport):
-                pipeline.rounds.append(report)
-            yield report
+    def compress(self, pipeline: "Pipeline") -> Iterator["Report"]:
+        yield from pipeline.run_engine(score=self.score)
 
 
 # ---------------------------------------------------------------- SVD family
-Weights = dict[str, tuple[torch.Tensor | None, torch.Tensor | None]]  # name -> (row weights, column scales)
+#: a generator that may report calibration steps and returns the bases of each layer
+BasesOf = Callable[["Pipeline", Mapping[str, nn.Linear]], Generator["Report", None, Callable[[str, nn.Linear], Bases] | None]]
 
 
-def _no_weights(pipeline: "MethodPipeline", dense: Mapping[str, nn.Linear]) -> Generator[Report, None, Weights]:
-    return {}
+def _plain(pipeline: "Pipeline", dense: Mapping[str, nn.Linear]):
+    return None  # the plain SVD
     yield  # pragma: no cover - makes this a generator
 
 
-def _fisher_weights(pipeline: "MethodPipeline", dense: Mapping[str, nn.Linear]) -> Generator[Report, None, Weights]:
+def _whitened(pipeline: "Pipeline", dense: Mapping[str, nn.Linear]):
+    cfg = pipeline.config.compress
+    stats = yield from input_statistics(pipeline.model, dense, pipeline.stream(4), cfg.calibration_batches,
+                                        covariance=True)
+    stats.reduce(pipeline.dist.reduce)
+    covariance = stats.covariance()
+    return lambda name, linear: whitened_bases(linear.weight, covariance[name], cfg.whitening_damping)
+
+
+def _fisher_weighted(pipeline: "Pipeline", dense: Mapping[str, nn.Linear]):
     sums = yield from fisher_information(pipeline.model, dense, pipeline.stream(4),
-                                         pipeline.baseline.calibration_batches, answer_token_loss)
-    return {n: (fisher_row_weights(sums[n]), None) for n in dense}
+                                         pipeline.config.compress.calibration_batches, answer_token_loss)
+    weights = {n: fisher_row_weights(pipeline.dist.reduce(sums[n])) for n in dense}
+    return lambda name, linear: weighted_svd(linear.weight, weights[name], None)
 
 
-def _activation_weights(pipeline: "MethodPipeline", dense: Mapping[str, nn.Linear]) -> Generator[Report, None, Weights]:
-    means = yield from activation_statistics(pipeline.model, dense, pipeline.stream(4),
-                                             pipeline.baseline.calibration_batches)
-    return {n: (None, activation_scales(means[n], pipeline.baseline.alpha)) for n in dense}
+def _activation_scaled(pipeline: "Pipeline", dense: Mapping[str, nn.Linear]):
+    stats = yield from input_statistics(pipeline.model, dense, pipeline.stream(4),
+                                        pipeline.config.compress.calibration_batches)
+    stats.reduce(pipeline.dist.reduce)
+    scales = {n: activation_scales(m, pipeline.baseline.alpha) for n, m in stats.abs_mean().items()}
+    return lambda name, linear: weighted_svd(linear.weight, None, scales[name])
 
 
 @dataclass(frozen=True)
-class SVDFamilyMethod:
-    """Truncated (weighted) SVD of every layer at ranks set by an allocation rule.
+class TruncationMethod:
+    """Write every layer in the method's bases, then keep each layer's first k at ranks set by an allocation rule.
 
-    ``weighting(pipeline, dense_layers)`` is a generator that may report
-    calibration steps and returns ``{name: (row_weights, col_scales)}``
-    (empty: plain SVD).
+    ``bases_of(pipeline, dense_layers)`` is a generator that may report
+    calibration steps and returns ``(name, linear) -> (U, sigma, V)`` (None:
+    the plain SVD).
     """
 
     name: str
     description: str
-    weighting: Callable[["MethodPipeline", Mapping[str, nn.Linear]], Generator[Report, None, Weights]] = field(
-        default=_no_weights)
+    bases_of: BasesOf = field(default=_plain)
 
-    def compress(self, pipeline: "MethodPipeline") -> Iterator[Report]:
+    def compress(self, pipeline: "Pipeline") -> Iterator["Report"]:
         cfg, model = pipeline.config.compress, pipeline.model
-        target = cfg.target_ratio
-        if target is None:
+        if cfg.size_mode != "target":
             raise BSIError(f"method '{self.name}' needs a target size: give target_ratio (--target-ratio), not keep_ratio")
         dense = {n: model.get_submodule(n) for n in compressible_linear_names(model)}
-        weights = yield from self.weighting(pipeline, dense)
-        layers = to_basis_form(model, aux_rank=cfg.aux_rank, seed=cfg.seed)
-        bases = {}
-        for name, layer in layers.items():
-            d, s = weights.get(name, (None, None))
-            bases[name] = (layer.U, layer.sigma.detach(), layer.V) if d is None and s is None else \
-                weighted_svd(dense[name].weight, d, s)
-        shapes = {n: LayerShape.of(layer) for n, layer in layers.items()}
+        bases = yield from self.bases_of(pipeline, dense)
+        layers = to_basis_form(model, aux_rank=cfg.aux_rank, seed=cfg.seed, bases=bases)
+        shapes = {n: LayerShape(layer.in_features, layer.out_features, layer.rank, layer.aux_rank,
+                                layer.bias is not None) for n, layer in layers.items()}
         if pipeline.baseline.allocation == "sensitivity":
-            for name, layer in layers.items():  # full rank, new bases: truncation is by zeroing sigma
-                install_bases(layer, *bases[name], rank=layer.rank)
             sensitivity = yield from truncation_sensitivity(
-                model, layers, pipeline.baseline.sensitivity_shares, pipeline.calibration_loss())
-            ranks = sensitivity_ranks(shapes, target, sensitivity)
+                model, layers, pipeline.baseline.sensitivity_shares, calibration_loss(pipeline))
+            ranks = sensitivity_ranks(shapes, cfg.target_ratio, sensitivity)
         else:
-            ranks = uniform_ranks(shapes, target)
+            ranks = uniform_ranks(shapes, cfg.target_ratio)
         for name, layer in layers.items():
-            install_bases(layer, *[t.clone() for t in bases[name]], rank=ranks[name])
+            layer.keep(torch.arange(ranks[name]))
+
+
+def calibration_loss(pipeline: "Pipeline") -> Callable[[], float]:
+    """A closure: mean answer-token loss on a few fixed training batches (no gradient)."""
+    stream = pipeline.stream(5)
+    batches = [next(stream) for _ in range(pipeline.baseline.sensitivity_batches)]
+
+    def loss() -> float:
+        with torch.inference_mode():
+            return sum(float(answer_token_loss(pipeline.model, b)) for b in batches) / len(batches)
+
+    return loss
 
 
 #: name -> method. The registry the CLI, the sweep and the dashboard read.
 METHODS: dict[str, Method] = {
-    "svd": SVDFamilyMethod("svd", "plain SVD: each layer keeps its top-k singular triplets"),
-    "fwsvd": SVDFamilyMethod("fwsvd", "Fisher-weighted SVD (row weights from squared task gradients)", _fisher_weights),
-    "asvd": SVDFamilyMethod("asvd", "activation-aware SVD (input channels scaled by mean|x|^alpha)", _activation_weights),
+    "svd": TruncationMethod("svd", "plain SVD: each layer keeps its top-k singular triplets"),
+    "svd-llm": TruncationMethod("svd-llm", "SVD-LLM: top-k of the SVD of the weight on whitened task inputs",
+                                _whitened),
+    "fwsvd": TruncationMethod("fwsvd", "Fisher-weighted SVD (row weights from squared task gradients)",
+                              _fisher_weighted),
+    "asvd": TruncationMethod("asvd", "activation-aware SVD (input channels scaled by mean|x|^alpha)",
+                             _activation_scaled),
     "basel": EngineMethod("basel", "basel", "Basel: prune the smallest re-learned |sigma|"),
-    "bsi-grad": EngineMethod("bsi-grad", "bsi-grad", "BSI without Hessian: first-order loss change"),
-    "bsi": EngineMethod("bsi", "bsi", "BSI: first- plus second-order loss change (Hessian by perturbation)"),
+    "bsi-grad": EngineMethod("bsi-grad", "bsi-grad", "BSI without the curvature term: first-order loss change"),
+    "bsi": EngineMethod("bsi", "bsi", "BSI: first- plus second-order loss change"),
 }
 
 
@@ -201,47 +215,9 @@ def get_method(name: str) -> Method:
         raise BSIError(f"unknown method '{name}': use one of {', '.join(METHODS)}") from None
 
 
-class MethodPipeline(Pipeline):
-    """The three-stage pipeline with the compression stage done by a named method.
-
-    Args:
-        config: the run configuration (``compress.target_ratio`` sets the size).
-        method: a registered method name or a :class:`Method` object.
-        baseline: settings of the SVD-family methods.
-        finetuned_metrics: metrics of the fine-tuned dense model measured
-            before (a sweep measures them once); the evaluation is then skipped.
-    """
-
-    def __init__(self, config: PipelineConfig, method: str | Method, out_dir: str | Path | None = None,
-                 cache_dir: str | Path | None = None, baseline: BaselineConfig | None = None,
-                 finetuned_metrics: Metrics | None = None) -> None:
-        super().__init__(config, out_dir=out_dir, cache_dir=cache_dir)
-        self.method = get_method(method) if isinstance(method, str) else method
-        self.baseline = baseline or BaselineConfig()
-        self.finetuned_metrics = finetuned_metrics
-
-    @property
-    def method_name(self) -> str:
-        return self.method.name
-
-    def compress(self) -> Iterator[Report]:
-        yield from self.method.compress(self)
-
-    def evaluate_stage(self, when: str) -> Iterator[Report]:
-        if when == "finetuned" and self.finetuned_metrics is not None and self.config.eval_examples:
-            m = self.finetuned_metrics
-            self.metrics[when] = m
-            yield EvalReport(when, m.accuracy, m.loss, m.examples, model_parameters(self.model), 0.0)
-            return
-        yield from super().evaluate_stage(when)
-
-    def calibration_loss(self) -> Callable[[], float]:
-        """A closure: mean answer-token loss on a few fixed training batches (no gradient)."""
-        stream = self.stream(5)
-        batches = [next(stream) for _ in range(self.baseline.sensitivity_batches)]
-
-        def loss() -> float:
-            with torch.inference_mode():
-                return sum(float(answer_token_loss(self.model, b)) for b in batches) / len(batches)
-
-        return loss
+def engine_method(score: str) -> Method:
+    """The engine method that prunes with ``score``."""
+    for method in METHODS.values():
+        if getattr(method, "score", None) == score:
+            return method
+    raise BSIError(f"no engine method uses score '{score}'")

@@ -6,9 +6,13 @@ in accuracy comes from the choice of bases and nothing else:
 1. **fine-tune** the dense model on the task (skippable; the result is cached
    under ``$BSI_CACHE/finetuned/<hash of its inputs>`` so a re-run, or a sweep
    of several methods, does it once);
-2. **compress** with :class:`~bsi.method.engine.Compressor` (or another method);
-3. **recover**: fine-tune the compressed model's coefficients and auxiliary
-   vectors on the task again.
+2. **compress** with a method (:mod:`bsi.pipeline.methods`): the engine's
+   pruning rounds (:class:`~bsi.method.engine.Compressor`, built in one place,
+   :meth:`Pipeline.run_engine`) or a truncation baseline;
+3. **recover**: fine-tune the compressed model on the task again, by default
+   its own low-rank factors, dense layers and norms
+   (:class:`~bsi.config.RecoverConfig`), optionally distilling from the
+   fine-tuned dense model.
 
 :meth:`Pipeline.run` is a generator of typed reports (stage boundaries, steps,
 rounds, evaluations, and a final :class:`~bsi.reports.DoneReport`). Nothing is
@@ -17,6 +21,8 @@ written to ``out_dir`` until the end, and then atomically.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -35,10 +41,11 @@ from bsi.data import BatchStream, TaskData, load_task
 from bsi.pipeline.distributed import from_environment
 from bsi.method.engine import Compressor
 from bsi.errors import BSIError
-from bsi.pipeline.evaluate import Metrics, answer_token_loss, evaluate
+from bsi.pipeline.losses import DistillationLoss, answer_token_loss
+from bsi.pipeline.evaluate import Metrics, evaluate
 from bsi.pipeline.export import WEIGHTS, write_model_files
 from bsi.files import atomic_directory, atomic_write_json, check_output_dir
-from bsi.models import cache_root, load_model_and_tokenizer, model_id
+from bsi.models import cache_root, load_model_and_tokenizer, model_id, resolve_device, resolve_dtype
 from bsi.method.surgery import basis_layers, compressible_linear_names, compressible_parameters, model_parameters, to_exported_form
 from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
 from bsi.pipeline.training import finetune
@@ -54,24 +61,19 @@ def compact_round(report: RoundReport) -> dict[str, Any]:
     return plain | {"ranks": {layer.name: layer.rank_after for layer in report.layers}}
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present, else CPU."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise BSIError(f"unknown device '{name}': use auto, cpu or cuda[:N]") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise BSIError(f"device '{name}' asked for but no CUDA GPU is available; use --device cpu")
-    return device
+def recovery_parameters(model: nn.Module, train_embeddings: bool = False) -> list[nn.Parameter]:
+    """What factor recovery trains: every parameter of the exported model except the embeddings (unless asked).
 
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` is bfloat16 on CUDA and float32 on CPU (sigma stays fp32 either way)."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
+    That is the two factors of each `LowRankLinear`, the layers kept dense,
+    the biases and the norms; an output layer tied to the embedding counts as
+    the embedding.
+    """
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    unique: dict[int, nn.Parameter] = {}
+    for p in model.parameters():
+        if (train_embeddings or id(p) not in embeddings) and id(p) not in unique:
+            unique[id(p)] = p
+    return list(unique.values())
 
 
 def finetune_cache_key(config: PipelineConfig, dtype: torch.dtype) -> str:
@@ -86,31 +88,43 @@ def finetune_cache_key(config: PipelineConfig, dtype: torch.dtype) -> str:
 
 
 class Pipeline:
-    """One run of the three stages for one configuration.
+    """One run of the three stages for one configuration and one method.
 
     Args:
         config: the validated run configuration.
         out_dir: where the compressed model, ``summary.json`` and ``rounds.jsonl``
             go (validated now, written only at the end); None keeps the result in memory.
         cache_dir: root of the model and fine-tune caches (default ``$BSI_CACHE`` or ``~/.cache/bsi``).
-        method: a name recorded in the summary; the compression itself is
-            :meth:`compress`, which subclasses or the baselines may replace.
+        method: a registered method name or a :class:`~bsi.pipeline.methods.Method`;
+            default: the engine with ``config.compress.score``.
+        baseline: settings of the truncation baselines (:class:`~bsi.pipeline.methods.BaselineConfig`).
+        reference: metrics of the fine-tuned dense model measured before (a sweep
+            measures them once); its evaluation is then skipped.
     """
 
     def __init__(self, config: PipelineConfig, out_dir: str | Path | None = None,
-                 cache_dir: str | Path | None = None) -> None:
+                 cache_dir: str | Path | None = None, *, method: Any = None, baseline: Any = None,
+                 reference: Metrics | None = None) -> None:
+        from bsi.pipeline.methods import BaselineConfig, engine_method, get_method
+
         self.config = config
         self.out_dir = check_output_dir(out_dir) if out_dir is not None else None
         self.cache_dir = cache_dir
+        self.method = engine_method(config.compress.score) if method is None else \
+            get_method(method) if isinstance(method, str) else method
+        self.baseline = baseline or BaselineConfig()
+        self.reference = reference
         self.dist = from_environment()  # several processes under accelerate/torchrun: see bsi.pipeline.distributed
         self.device = self.dist.device(resolve_device(config.device))
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.model: nn.Module | None = None
+        self.teacher: nn.Module | None = None
         self.tokenizer: Any = None
         self.task: TaskData | None = None
         self.rounds: list[RoundReport] = []
         self.metrics: dict[str, Metrics] = {}
         self.table: dict[str, dict] = {}
+        self.notes: list[str] = []
         self.round_log: list[dict[str, Any]] = []  # compact_round of every finished round
         self.params_before = self.compressible_before = 0
         self._resume: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
@@ -125,9 +139,14 @@ class Pipeline:
         pruning rounds continue after the last complete one.
         """
         tensors, plain = load_checkpoint(Path(out_dir).expanduser() / CHECKPOINT)
-        pipeline = cls(PipelineConfig.from_dict(plain["pipeline_config"]), out_dir, cache_dir)
+        pipeline = cls(PipelineConfig.from_dict(plain["pipeline_config"]), out_dir, cache_dir,
+                       method=plain.get("method"))
         pipeline._resume = (tensors, plain)
         return pipeline
+
+    @property
+    def method_name(self) -> str:
+        return self.method.name
 
     # --------------------------------------------------------------- stages
     def load(self) -> None:
@@ -149,6 +168,7 @@ class Pipeline:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def stream(self, seed_offset: int) -> BatchStream:
+        """The training batches of one use (1: fine-tune, 2: compress, 3: recover, 4-5: baselines), per process."""
         assert self.task is not None
         seed = self.config.seed + seed_offset + 1000 * self.dist.rank  # each process its own batches
         return BatchStream(self.task.train, self.tokenizer, batch_size=self.config.batch_size,
@@ -188,27 +208,82 @@ class Pipeline:
             shutil.rmtree(tmp, ignore_errors=True)  # another run won the race; keep its copy
         yield StageReport("finetune", "end", str(folder))
 
+    def reference_stage(self) -> Iterator[Report]:
+        """Load, fine-tune (cached) and evaluate the dense model: what every compressed model is compared with.
+
+        Sets :attr:`reference` (the metrics) and the size counts. ``bsi sweep``
+        runs this once for its whole grid; :meth:`run` runs it first.
+        """
+        yield StageReport("load", "start", self.config.model)
+        self.load()
+        yield StageReport("load", "end")
+        yield from self.finetune_stage()
+        if self._resume is not None:
+            plain = self._resume[1]
+            self.params_before, self.compressible_before = plain["params_before"], plain["compressible_before"]
+            self.metrics = {k: Metrics(**m) for k, m in plain["metrics"].items()}
+            self.round_log = list(plain["rounds"])
+            self.reference = self.metrics.get("finetuned")
+            return
+        self.params_before = model_parameters(self.model)
+        self.compressible_before, _ = compressible_parameters(self.model)
+        if self.reference is None:
+            yield from self.evaluate_stage("finetuned")
+            self.reference = self.metrics.get("finetuned")
+        elif self.config.eval_examples:  # measured before (a sweep measures it once)
+            self.metrics["finetuned"] = self.reference
+            yield EvalReport("finetuned", self.reference.accuracy, self.reference.loss, self.reference.examples,
+                             self.params_before, 0.0)
+
     def compress(self) -> Iterator[Report]:
-        """Stage 2: the pruning rounds, checkpointed after each. Override to plug in another method."""
+        """Stage 2: the method turns the fine-tuned model into a model of `BasisLinear` layers of the asked size."""
+        if self.config.needs_teacher and self.teacher is None:
+            self.teacher = copy.deepcopy(self.model).eval()  # the fine-tuned dense model, frozen
+            for p in self.teacher.parameters():
+                p.requires_grad_(False)
+        yield from self.method.compress(self)
+
+    def train_loss(self, weight: float) -> Any:
+        """The loss of a tuning stage: the task loss, or distillation from the teacher with ``weight``."""
+        if weight > 0:
+            assert self.teacher is not None, "a distilling stage needs the teacher (see compress())"
+            return DistillationLoss(self.teacher, weight, self.config.distill_temperature)
+        return answer_token_loss
+
+    def run_engine(self, score: str | None = None) -> Iterator[Report]:
+        """The engine's pruning rounds, checkpointed after each: the one place a :class:`Compressor` is built.
+
+        Every process takes part (gradients averaged, statistics summed, each
+        its own probes); a run resumed with :meth:`resume` continues after its
+        last complete round.
+        """
+        cfg = self.config.compress if score is None else dataclasses.replace(self.config.compress, score=score)
         stream = self.stream(2)
-        compressor = Compressor(self.model, stream, self.config.compress, answer_token_loss,
-                                compute_dtype=self.dtype, reduce=self.dist.reduce,
-                                probe_seed=self.config.compress.seed + 7919 * self.dist.rank)
+        compressor = Compressor(self.model, stream, cfg, answer_token_loss,
+                                train_loss_fn=self.train_loss(cfg.distill), compute_dtype=self.dtype,
+                                reduce=self.dist.reduce, probe_seed=cfg.seed + 7919 * self.dist.rank)
         if self._resume is not None:
             tensors, plain = self._resume
             compressor.load_state_dict(tensors, plain["compressor"])
             stream.load_state_dict(plain["stream"])
             yield StageReport("compress", "resume", f"after round {len(self.round_log)}")
+        else:
+            yield from self._limit_skips(compressor.convert())
+        for note in compressor.notes:
+            yield StageReport("compress", "note", note)
         hooks = self.dist.sync_gradients(p for layer in compressor.layers.values()
                                          for p in (layer.sigma, layer.aux_u, layer.aux_v))
-        for report in self._limit_skips(compressor.run()):
-            if isinstance(report, RoundReport):
-                self.rounds.append(report)
-                self.round_log.append(compact_round(report))
-                self.checkpoint(compressor, stream)
-            yield report
-        for hook in hooks:
-            hook.remove()
+        try:
+            for report in self._limit_skips(compressor.run()):
+                if isinstance(report, RoundReport):
+                    self.rounds.append(report)
+                    self.round_log.append(compact_round(report))
+                    self.checkpoint(compressor, stream)
+                yield report
+        finally:
+            for hook in hooks:
+                hook.remove()
+        self.notes.extend(compressor.notes)
 
     def checkpoint(self, compressor: Compressor, stream: BatchStream) -> None:
         """Save the state after a complete round into ``out_dir/checkpoint`` (atomic; rank 0 only)."""
@@ -219,7 +294,7 @@ class Pipeline:
             "pipeline_config": self.config.to_dict(), "compressor": compressor_plain,
             "stream": stream.state_dict(), "rounds": self.round_log,
             "params_before": self.params_before, "compressible_before": self.compressible_before,
-            "metrics": {k: m.to_dict() for k, m in self.metrics.items()},
+            "metrics": {k: m.to_dict() for k, m in self.metrics.items()}, "method": self.method_name,
         })
 
     def _limit_skips(self, reports: Iterator[Report]) -> Iterator[Report]:
@@ -236,20 +311,43 @@ class Pipeline:
             yield report
 
     def recover_stage(self) -> Iterator[Report]:
-        """Stage 3: fine-tune sigma and the auxiliary vectors of the compressed model."""
+        """Stage 3: fine-tune the compressed model; afterwards it is in its exported form.
+
+        ``recover.train="factors"``: the model is exported first (two-factor
+        `LowRankLinear` layers, or dense where that is smaller) and its own
+        parameters train: the factors, the dense layers, the norms (the
+        embeddings if asked). ``"sigma"``: only the coefficients and auxiliary
+        vectors train, in the Basel form, as while pruning (the paper-faithful
+        ablation). Either way with the task loss, or distilling from the
+        fine-tuned dense model (``recover.distill``).
+        """
         cfg = self.config.recover
         if cfg.steps == 0:
+            self.table = to_exported_form(self.model)
             yield StageReport("recover", "end", "skipped")
             return
-        yield StageReport("recover", "start", f"{cfg.steps} steps")
-        params = [p for layer in basis_layers(self.model).values()
-                  for p in (layer.sigma, layer.aux_u, layer.aux_v) if p.numel()]
+        yield StageReport("recover", "start", f"{cfg.steps} steps, {cfg.train}")
+        if cfg.train == "factors":
+            self.table = to_exported_form(self.model)
+            params = recovery_parameters(self.model, train_embeddings=cfg.train_embeddings)
+        else:
+            params = [p for layer in basis_layers(self.model).values()
+                      for p in (layer.sigma, layer.aux_u, layer.aux_v) if p.numel()]
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        for p in params:
+            p.requires_grad_(True)
         hooks = self.dist.sync_gradients(params)
-        yield from self._limit_skips(finetune(
-            self.model, self.stream(3), steps=cfg.steps, lr=cfg.lr, stage="recover", parameters=params,
-            weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_steps))
-        for hook in hooks:
-            hook.remove()
+        try:
+            yield from self._limit_skips(finetune(
+                self.model, self.stream(3), steps=cfg.steps, lr=cfg.lr, stage="recover", parameters=params,
+                loss_fn=self.train_loss(cfg.distill), weight_decay=cfg.weight_decay,
+                max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_steps))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        if cfg.train == "sigma":
+            self.table = to_exported_form(self.model)
         yield StageReport("recover", "end")
 
     def evaluate_stage(self, when: str) -> Iterator[Report]:
@@ -271,25 +369,13 @@ class Pipeline:
         """All stages in order; ends with a DoneReport whose summary is ``summary.json``."""
         start = time.perf_counter()
         torch.manual_seed(self.config.seed)
-        yield StageReport("load", "start", self.config.model)
-        self.load()
-        yield StageReport("load", "end")
-        yield from self.finetune_stage()
-        if self._resume is None:
-            self.params_before = model_parameters(self.model)
-            self.compressible_before, _ = compressible_parameters(self.model)
-            yield from self.evaluate_stage("finetuned")
-        else:
-            plain = self._resume[1]
-            self.params_before, self.compressible_before = plain["params_before"], plain["compressible_before"]
-            self.metrics = {k: Metrics(**m) for k, m in plain["metrics"].items()}
-            self.round_log = list(plain["rounds"])
+        yield from self.reference_stage()
         params_before, compressible_before = self.params_before, self.compressible_before
         yield StageReport("compress", "start", self.method_name)
         yield from self.compress()
         yield StageReport("compress", "end")
         yield from self.recover_stage()
-        self.table = to_exported_form(self.model)
+        self.teacher = None  # free its memory before the evaluation
         yield from self.evaluate_stage("recovered")
         params_after = model_parameters(self.model)
         compressible_after, _ = compressible_parameters(self.model)
@@ -313,16 +399,13 @@ class Pipeline:
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "config": self.config.to_dict(),
+            "notes": list(self.notes),
         }
         if self.out_dir is not None and self.dist.is_main:  # one writer when several processes run
             yield StageReport("save", "start", str(self.out_dir))
             self.save(summary)
             yield StageReport("save", "end", str(self.out_dir))
         yield DoneReport(summary, str(self.out_dir) if self.out_dir is not None else None)
-
-    @property
-    def method_name(self) -> str:
-        return self.config.compress.score
 
     def save(self, summary: dict[str, Any]) -> None:
         """Write model, summary.json and rounds.jsonl into ``out_dir`` in one atomic swap.

@@ -1,7 +1,7 @@
 """``bsi sweep``: every method at every target size, one table, one figure.
 
 A sweep is a grid of *cells* (method, target ratio). Each cell runs the same
-three-stage pipeline (:class:`~bsi.pipeline.methods.MethodPipeline`); the task
+three-stage pipeline (:class:`~bsi.pipeline.runner.Pipeline` with the cell's method); the task
 fine-tune is cached by hash, so it runs once for the whole grid, and the
 fine-tuned dense model is evaluated once, as the ``dense`` reference row.
 After each cell the compressed model's generation speed is measured against
@@ -23,7 +23,6 @@ the same accuracies and losses (times and speeds vary, of course).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -32,14 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bsi.config import CompressConfig, PipelineConfig, deep_update, make_config
+from bsi.config import CompressConfig, PipelineConfig, deep_update
 from bsi.errors import BSIError
 from bsi.pipeline.evaluate import Metrics
 from bsi.files import atomic_write_text, check_output_dir
-from bsi.pipeline.methods import ALLOCATIONS, METHODS, BaselineConfig, MethodPipeline, get_method
+from bsi.pipeline.methods import METHODS, BaselineConfig, get_method
 from bsi.models import load_model_and_tokenizer
 from bsi.pipeline.runner import Pipeline, Report
-from bsi.method.surgery import compressible_parameters, model_parameters
+from bsi.method.surgery import compressible_parameters
 from bsi.reports import DoneReport, StageReport
 from bsi.analysis.speed import measure_speeds
 
@@ -129,7 +128,8 @@ class Sweep:
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
     def _shared_compress(self) -> dict:
-        return {k: v for k, v in self.config.compress.to_dict().items() if k not in ("score", "keep_ratio", "target_ratio")}
+        return {k: v for k, v in self.config.compress.to_dict().items()
+                if k not in ("score", "size_mode", "keep_ratio", "target_ratio")}
 
     def _read_rows(self) -> list[dict]:
         if not self.results_path.is_file():
@@ -171,7 +171,7 @@ class Sweep:
         return {cell_key(r["method"], r["target"]) for r in self.rows}
 
     def config_for(self, method: str, target: float) -> PipelineConfig:
-        comp: dict[str, Any] = {"target_ratio": target, "keep_ratio": None}
+        comp: dict[str, Any] = {"target_ratio": target, "size_mode": "target"}
         score = getattr(get_method(method), "score", None)
         if score is not None:
             comp["score"] = score
@@ -211,8 +211,8 @@ class Sweep:
                 row = next(r for r in self.rows if cell_key(r["method"], r["target"]) == cell_key(method, target))
                 yield CellReport(index, len(cells), row, skipped=True)
                 continue
-            pipeline = MethodPipeline(self.config_for(method, target), method, cache_dir=self.cache_dir,
-                                      baseline=self.baseline, finetuned_metrics=finetuned)
+            pipeline = Pipeline(self.config_for(method, target), cache_dir=self.cache_dir, method=method,
+                                baseline=self.baseline, reference=finetuned)
             summary = None
             for report in pipeline.run():
                 if isinstance(report, DoneReport):
@@ -233,17 +233,12 @@ class Sweep:
     def _reference(self) -> Iterator[Report]:
         """Fine-tune (cached) and evaluate the dense model once: the grid's reference row."""
         pipeline = Pipeline(self.config, cache_dir=self.cache_dir)
-        yield StageReport("load", "start", self.config.model)
-        pipeline.load()
-        yield StageReport("load", "end")
-        yield from pipeline.finetune_stage()
-        yield from pipeline.evaluate_stage("finetuned")
-        metrics = pipeline.metrics.get("finetuned")
-        params = model_parameters(pipeline.model)
+        yield from pipeline.reference_stage()
+        metrics = pipeline.reference
         now, dense = compressible_parameters(pipeline.model)
         row = {
             "method": REFERENCE, "target": 1.0, "fingerprint": self.fingerprint(), "seed": self.config.seed,
-            "params_total": params, "params_before": params, "compression_ratio": 1.0,
+            "params_total": pipeline.params_before, "params_before": pipeline.params_before, "compression_ratio": 1.0,
             "compressible_ratio": now / dense, "accuracy": metrics.accuracy if metrics else None,
             "loss": metrics.loss if metrics else None, "examples": metrics.examples if metrics else None,
             "seconds": 0.0, "settings": {"config": self.config.to_dict(), "baseline": self.baseline.to_dict(),
@@ -255,7 +250,7 @@ class Sweep:
 
     def _plain_model(self):
         """The original dense model, the speed reference (weights do not change speed)."""
-        from bsi.pipeline.runner import resolve_device, resolve_dtype
+        from bsi.models import resolve_device, resolve_dtype
 
         device = resolve_device(self.config.device)
         return load_model_and_tokenizer(self.config.model, dtype=resolve_dtype(self.config.dtype, device),
@@ -301,11 +296,18 @@ def results_table(rows: Sequence[dict], methods: Sequence[str] | None = None) ->
 def schedule_note(config: dict) -> str:
     """One sentence on the engine methods' schedule and the recovery stage of a sweep's config dict."""
     comp = CompressConfig.from_dict(config["compress"])
-    eps = "the dtype's rule" if comp.eps is None else f"{comp.eps:g}"
-    return (f"Engine methods (basel, bsi-grad, bsi): {comp.rounds} rounds of {comp.round_length} iterations, the last "
-            f"{comp.profiling_iters} of each profiling with {comp.probes_per_batch} probe(s) per batch "
-            f"({comp.probe_scope} scope, {comp.hessian_method}, eps {eps}); every method: "
-            f"{config['recover']['steps']} recovery steps.")
+    recover = config["recover"]
+    if comp.curvature == "hutchinson":
+        eps = "the dtype's rule" if comp.eps is None else f"{comp.eps:g}"
+        curvature = (f"hutchinson curvature, {comp.probes_per_batch} probe(s) per batch ({comp.probe_scope} scope, "
+                     f"{comp.hessian_method}, eps {eps})")
+    else:
+        curvature = f"{comp.curvature} curvature"
+    distill = f", distillation weight {recover.get('distill', 0):g}" if recover.get("distill") else ""
+    return (f"Engine methods (basel, bsi-grad, bsi): {comp.bases} bases, {comp.rounds} rounds of {comp.round_length} "
+            f"iterations, the last {comp.profiling_iters} of each profiling ({curvature}; {comp.selection} "
+            f"selection). Every method: {recover['steps']} recovery steps training "
+            f"{recover.get('train', 'sigma')}{distill}.")
 
 
 def results_figure(rows: Sequence[dict]):
@@ -336,81 +338,3 @@ def results_figure(rows: Sequence[dict]):
 
 
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#d62728", "#e377c2", "#7f7f7f")
-
-
-# --------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="model spec (default: the preset's)")
-    p.add_argument("--data", help="task data (default: the preset's)")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
-    p.add_argument("--targets", default=",".join(f"{t:g}" for t in DEFAULT_TARGETS),
-                   help="comma-separated target ratios of the compressible layers' parameters")
-    p.add_argument("--out", required=True, help="output folder (an existing sweep folder resumes)")
-    p.add_argument("--preset", default="default", help="smoke | default | sweep-cpu | paper (default: default)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--eval-examples", type=int), p.add_argument("--batch-size", type=int)
-    p.add_argument("--finetune-steps", type=int), p.add_argument("--recover-steps", type=int)
-    p.add_argument("--config", help="a JSON PipelineConfig file as the base instead of --preset (flags override it)")
-    p.add_argument("--rounds", type=int), p.add_argument("--iters-per-epoch", type=int)
-    p.add_argument("--probes", type=int, dest="probes_per_batch", help="Hessian probes per profiling batch")
-    p.add_argument("--sampling-ratio", type=float, help="SamplingIterRatio: share of each round used for profiling")
-    p.add_argument("--eps", type=float, help="perturbation intensity in (0, 1) (default: the rule for the dtype)")
-    p.add_argument("--gamma", type=float, help="candidate-pool exponent")
-    p.add_argument("--probe-scope", help="model | layer")
-    p.add_argument("--hessian-method", help="fd | hvp")
-    p.add_argument("--center-gradient", help="exact | average")
-    p.add_argument("--aux-rank", type=int, help="auxiliary vectors per layer")
-    p.add_argument("--alpha", type=float, default=0.5, help="ASVD exponent (default 0.5)")
-    p.add_argument("--calibration-batches", type=int, default=8, help="batches for FWSVD/ASVD statistics")
-    p.add_argument("--allocation", default="uniform", choices=ALLOCATIONS, help="rank allocation of the SVD family")
-    p.add_argument("--speed-tokens", type=int, default=32, help="new tokens per speed timing")
-    p.add_argument("--speed-repeats", type=int, default=3, help="speed timings per model (0: skip speed)")
-    p.add_argument("--device"), p.add_argument("--dtype")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-
-
-#: Flags of ``bsi sweep`` that set CompressConfig fields shared by every cell.
-SWEEP_COMPRESS_FLAGS = ("rounds", "iters_per_epoch", "probes_per_batch", "sampling_ratio", "eps", "gamma",
-                        "probe_scope", "hessian_method", "center_gradient", "aux_rank")
-
-
-def config_from_args(args: argparse.Namespace) -> PipelineConfig:
-    """The sweep's shared PipelineConfig: ``--config`` file or ``--preset``, then the flags given."""
-    over: dict[str, Any] = {k: getattr(args, k) for k in ("model", "data", "seed", "eval_examples", "batch_size",
-                                                          "device", "dtype") if getattr(args, k) is not None}
-    over["compress"] = {"target_ratio": 1.0, "keep_ratio": None}  # the target is replaced per cell
-    for key in SWEEP_COMPRESS_FLAGS:
-        if getattr(args, key, None) is not None:
-            over["compress"][key] = getattr(args, key)
-    for stage in ("finetune", "recover"):
-        if getattr(args, f"{stage}_steps") is not None:
-            over[stage] = {"steps": getattr(args, f"{stage}_steps")}
-    if getattr(args, "config", None):
-        return PipelineConfig.from_dict(deep_update(PipelineConfig.from_json(args.config).to_dict(), over))
-    return make_config(args.preset, over)
-
-
-def run(args: argparse.Namespace) -> int:
-    from bsi.progress import ProgressPrinter
-
-    sweep = Sweep(config_from_args(args), parse_methods(args.methods), parse_targets(args.targets), args.out,
-                  BaselineConfig(alpha=args.alpha, calibration_batches=args.calibration_batches,
-                                 allocation=args.allocation),
-                  speed_tokens=args.speed_tokens, speed_repeats=args.speed_repeats)
-    printer = ProgressPrinter(enabled=not args.quiet)
-    for report in sweep.run():
-        if isinstance(report, CellReport):
-            printer.close()
-            r = report.row
-            state = "already done" if report.skipped else f"{r['seconds']:.0f} s"
-            acc = f"{100 * r['accuracy']:.1f}%" if r.get("accuracy") is not None else "-"
-            print(f"[{report.index}/{report.total}] {cell_key(r['method'], r['target'])}: {r['params_total']:,} params, "
-                  f"accuracy {acc}, loss {_fmt(r.get('loss'), '.4f')} ({state})", flush=True)
-        else:
-            printer.show(report)
-    printer.close()
-    print((sweep.out_dir / "results.md").read_text(encoding="utf-8"))
-    print(f"wrote {sweep.out_dir / 'results.jsonl'}, results.md and figure.html")
-    return 0
-
-

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 
 from bsi.data import BatchStream
 from bsi.errors import BSIError
-from bsi.pipeline.evaluate import answer_token_loss
+from bsi.pipeline.losses import answer_token_loss
 from bsi.reports import StepReport
 
 FINAL_LR_FRACTION = 0.1
@@ -54,11 +54,13 @@ def finetune(
     weight_decay: float = 0.0,
     max_grad_norm: float | None = 1.0,
     warmup_steps: int = 0,
+    loss_fn: Callable[[nn.Module, dict], torch.Tensor] = answer_token_loss,
 ) -> Iterator[StepReport]:
     """Train ``model`` on ``steps`` batches from ``stream``, yielding a report per step.
 
-    Each step: answer-token loss (:func:`bsi.pipeline.evaluate.answer_token_loss`,
-    computed in float32 even for a bf16 model), backward, gradient-norm
+    Each step: ``loss_fn`` (by default the answer-token loss,
+    :data:`bsi.pipeline.losses.answer_token_loss`, computed in float32 even for
+    a bf16 model; recovery may pass a distillation loss), backward, gradient-norm
     clipping to ``max_grad_norm`` (``None`` or 0: no clipping), one AdamW
     update at ``lr * lr_factor(step)``. A batch whose loss or gradient is not
     finite is skipped: its gradients are dropped, nothing is updated and the
@@ -82,7 +84,7 @@ def finetune(
         raise BSIError(f"{stage}: the learning rate must be positive, got {lr}")
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     clip = max_grad_norm if max_grad_norm else math.inf  # inf: measure the norm, never scale
-    return _steps(model, stream, optimizer, params, steps, lr, warmup_steps, clip, stage)
+    return _steps(model, stream, optimizer, params, steps, lr, warmup_steps, clip, stage, loss_fn)
 
 
 def _steps(
@@ -95,6 +97,7 @@ def _steps(
     warmup_steps: int,
     clip: float,
     stage: str,
+    loss_fn: Callable[[nn.Module, dict], torch.Tensor],
 ) -> Iterator[StepReport]:
     """The training loop itself (a generator, so :func:`finetune` can check its arguments eagerly)."""
     start = time.perf_counter()
@@ -103,7 +106,7 @@ def _steps(
         for step in range(1, steps + 1):
             for group in optimizer.param_groups:
                 group["lr"] = lr * lr_factor(step, steps, warmup_steps)
-            loss = answer_token_loss(model, next(stream))  # float32 scalar
+            loss = loss_fn(model, next(stream))  # float32 scalar
             finite = bool(torch.isfinite(loss))
             if loss.requires_grad:  # also when not finite: multi-process gradient hooks need every rank
                 loss.backward()

@@ -34,7 +34,7 @@ from plotly.subplots import make_subplots
 from bsi.config import CompressConfig
 from bsi.data import BatchStream, load_task
 from bsi.method.curvature import profile_batch
-from bsi.pipeline.evaluate import answer_token_loss
+from bsi.pipeline.losses import answer_token_loss
 from bsi.method.scores import (candidate_pool, eps_rule, importance_scores, pool_rho, probe_vector, select_pruned,
                             symmetric_difference_hessian)
 from bsi.models import load_model_and_tokenizer

@@ -27,7 +27,7 @@ from transformers.utils import logging as hf_logging
 
 import bsi.method.theory
 from bsi.data import BatchStream, load_task
-from bsi.pipeline.evaluate import answer_token_loss
+from bsi.pipeline.losses import answer_token_loss
 from bsi.models import load_model_and_tokenizer
 from bsi.analysis.spectrum import SpectrumAnalysis, SpectrumProgress, select_layers, spectrum_figure
 from bsi.teaching import doc_markdown, notebook_settings

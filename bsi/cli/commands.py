@@ -1,0 +1,181 @@
+"""``bsi compress``, ``bsi eval``, ``bsi chat`` and ``bsi presets``.
+
+Each command has ``add_<name>(parser)`` and ``run_<name>(args)``; heavy
+modules are imported inside ``run_*`` only (see :mod:`bsi.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from bsi.cli.flags import add_config_flags, overrides_from_args
+from bsi.errors import BSIError
+
+
+# ------------------------------------------------------------------ compress
+def add_compress(p: argparse.ArgumentParser) -> None:
+    """Flags of ``bsi compress``: the run's own, then one per configuration field (see :mod:`bsi.cli.flags`)."""
+    from bsi.config import PRESETS
+
+    p.add_argument("--preset", choices=list(PRESETS), help="starting configuration (default: default)")
+    p.add_argument("--config", help="a JSON PipelineConfig file as the starting configuration instead of "
+                                    "--preset (e.g. from `bsi presets default`); flags override it")
+    p.add_argument("--out", help="output folder for the compressed model, summary.json and rounds.jsonl (required)")
+    p.add_argument("--resume", metavar="DIR", help="continue the interrupted run whose --out was DIR (other flags ignored)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_config_flags(p, exclude=("preset",))
+
+
+def build_config(args: argparse.Namespace):
+    """The run's PipelineConfig: ``--config`` file or ``--preset``, then the flags given."""
+    from bsi.config import PipelineConfig, make_config
+
+    if args.config and args.preset:
+        raise BSIError("give --config FILE or --preset NAME, not both")
+    base = PipelineConfig.from_json(args.config) if args.config else None
+    return make_config(None if base else (args.preset or "default"), overrides_from_args(args), base=base)
+
+
+def run_compress(args: argparse.Namespace) -> int:
+    from bsi.pipeline.runner import Pipeline
+    from bsi.progress import ProgressPrinter
+
+    if args.resume:
+        pipeline = Pipeline.resume(args.resume)
+    elif not args.out:
+        raise BSIError("--out DIR is required (or --resume DIR to continue an interrupted run)")
+    else:
+        pipeline = Pipeline(build_config(args), out_dir=args.out)
+    printer = ProgressPrinter(enabled=not args.quiet)
+    summary = None
+    for report in pipeline.run():
+        printer.show(report)
+        if type(report).__name__ == "DoneReport":
+            summary = report.summary
+    printer.close()
+    if summary is not None:
+        print(summary_table(summary))
+    return 0
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """A small plain-text table of a run's summary."""
+    before, after = summary.get("metrics_before") or {}, summary.get("metrics_after") or {}
+
+    def pct(m: dict) -> str:
+        return f"{100 * m['accuracy']:.1f}%" if m else "-"
+
+    def loss(m: dict) -> str:
+        return f"{m['loss']:.4f}" if m else "-"
+
+    rows = [
+        ("", "before", "after"),
+        ("parameters (whole model)", f"{summary['params_before']:,}", f"{summary['params_after']:,}"),
+        ("parameters (compressible layers)", f"{summary['compressible_params_before']:,}", f"{summary['compressible_params_after']:,}"),
+        ("accuracy", pct(before), pct(after)),
+        ("answer-token loss", loss(before), loss(after)),
+    ]
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width))) for r in rows]
+    lines.append(
+        f"compression: {summary['compression_ratio']:.2f}x whole model, compressible layers at "
+        f"{100 * summary['compressible_ratio']:.1f}% of their size; {summary['seconds']:.0f} s"
+    )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- eval
+def add_eval(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="a bsi output folder, a model folder, a hub id or a built-in name")
+    p.add_argument("--data", default="embedded-math", help="task data: embedded-math, a .jsonl file or a hub name")
+    p.add_argument("--question-field", default="question", help="JSON field holding the question")
+    p.add_argument("--answer-field", default="answer", help="JSON field holding the worked answer")
+    p.add_argument("--examples", type=int, default=100, help="test examples to score")
+    p.add_argument("--batch-size", type=int, default=16, help="examples per generation batch")
+    p.add_argument("--max-new-tokens", type=int, default=96, help="longest generated answer")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
+    p.add_argument("--seed", type=int, default=0, help="seed of the test split (same as the compress run's to reuse it)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
+    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from bsi.data import load_task
+    from bsi.pipeline.evaluate import evaluate
+    from bsi.models import load_model_and_tokenizer
+    from bsi.models import resolve_device, resolve_dtype
+    from bsi.method.surgery import model_parameters
+
+    if args.examples < 1:
+        raise BSIError(f"--examples must be >= 1, got {args.examples}")
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    task = load_task(args.data, question_field=args.question_field, answer_field=args.answer_field,
+                     test_size=args.examples, seed=args.seed)
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype, device=device,
+                                                trust_remote_code=args.trust_remote_code)
+    metrics = evaluate(model, tokenizer, task.test[: args.examples], batch_size=args.batch_size,
+                       max_new_tokens=args.max_new_tokens)
+    result = {**metrics.to_dict(), "params_total": model_parameters(model), "model": args.model, "data": args.data}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"accuracy {100 * metrics.accuracy:.1f}%  answer-token loss {metrics.loss:.4f}  "
+              f"on {metrics.examples} examples  ({result['params_total']:,} parameters)")
+    return 0
+
+
+# ---------------------------------------------------------------------- chat
+def add_chat(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="a bsi output folder, a model folder, a hub id or a built-in name")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="longest reply")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from bsi.chat import ChatSession
+    from bsi.models import load_model_and_tokenizer
+    from bsi.models import resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=resolve_dtype(args.dtype, device), device=device,
+                                                trust_remote_code=args.trust_remote_code)
+    session = ChatSession(model, tokenizer, max_new_tokens=args.max_new_tokens)
+    print("Type a message; an empty line or Ctrl-D quits.", file=sys.stderr)
+    while True:
+        try:
+            message = input("you> ").strip()
+        except EOFError:
+            break
+        if not message:
+            break
+        try:
+            print("bot> ", end="", flush=True)
+            for piece in session.stream_reply(message):
+                print(piece, end="", flush=True)
+            print()
+        except BSIError as err:
+            print(f"\nerror: {err}", file=sys.stderr)
+    return 0
+
+
+# ------------------------------------------------------------------- presets
+def add_presets(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", help="print this preset as a full JSON config")
+
+
+def run_presets(args: argparse.Namespace) -> int:
+    from bsi.config import PRESETS, make_config
+
+    if args.name:
+        print(make_config(args.name).to_json())
+    else:
+        for name, values in PRESETS.items():
+            print(f"{name}: {json.dumps(values)}")
+    return 0

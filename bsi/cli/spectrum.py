@@ -1,0 +1,67 @@
+"""``bsi spectrum``: the command line of :mod:`bsi.analysis.spectrum`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bsi.errors import BSIError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``bsi spectrum``."""
+    p.add_argument("--model", default="smollm2-135m-instruct", help="built-in name, local folder or hub id")
+    p.add_argument("--data", default="embedded-math", help="'embedded-math', a .jsonl file or a datasets hub name")
+    p.add_argument("--question-field", default="question"), p.add_argument("--answer-field", default="answer")
+    p.add_argument("--layers", nargs="+", metavar="SPEC",
+                   help="layer names or patterns, optionally with @indices (e.g. 'mlp.down_proj@0,-1'); "
+                        "default: first, middle and last layer of each kind")
+    p.add_argument("--top-k", type=int, default=128, help="sigmas per layer (the largest)")
+    p.add_argument("--batches", type=int, default=2, help="mini-batches to average the Hessian over")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--error", type=float, default=0.1, help="relative error e for the probes-needed column")
+    p.add_argument("--delta", type=float, default=0.1, help="failure probability delta for the probes-needed column")
+    p.add_argument("--dtype", default="float32", help="float32 (default) | bfloat16 | float16 | auto")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--out", required=True, help="output folder for spectrum.json, summary.txt, spectrum.html")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``bsi spectrum``: validate, load, measure, save, print the summary table."""
+    from bsi.analysis.spectrum import SpectrumAnalysis, SpectrumProgress, SpectrumResult, select_layers
+    from bsi.data import BatchStream, load_task
+    from bsi.files import check_output_dir
+    from bsi.models import load_model_and_tokenizer, resolve_device, resolve_dtype
+
+    for flag in ("top_k", "batches", "batch_size", "max_length"):
+        if getattr(args, flag) < 1:
+            raise BSIError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    check_output_dir(args.out)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    task = load_task(args.data, question_field=args.question_field, answer_field=args.answer_field, test_size=0,
+                     train_size=max(64, args.batches * args.batch_size), seed=args.seed)
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype, device=device, attn_implementation="eager",
+                                                trust_remote_code=args.trust_remote_code)
+    names = select_layers(model, args.layers)
+    stream = BatchStream(task.train, tokenizer, batch_size=args.batch_size, max_length=args.max_length, seed=args.seed)
+    batches = [next(stream) for _ in range(args.batches)]
+    meta = {"model": args.model, "data": args.data, "batch_size": args.batch_size, "max_length": args.max_length,
+            "dtype": str(dtype).replace("torch.", ""), "seed": args.seed, "error": args.error, "delta": args.delta}
+    analysis = SpectrumAnalysis(model, names, batches, top_k=args.top_k, error=args.error, delta=args.delta, meta=meta)
+    result = None
+    for report in analysis.run():
+        if isinstance(report, SpectrumProgress) and not args.quiet:
+            print(f"batch {report.batch}/{report.batches} layer {report.layer_index}/{report.layers} "
+                  f"{report.layer}: loss {report.loss:.4f} ({report.seconds:.0f} s)", file=sys.stderr, flush=True)
+        elif isinstance(report, SpectrumResult):
+            result = report
+    assert result is not None
+    result.save(args.out)
+    print(result.summary_table())
+    print(f"saved {args.out}/spectrum.json, summary.txt, spectrum.html ({result.seconds:.0f} s)")
+    return 0

@@ -1,0 +1,69 @@
+"""``bsi sweep``: every method at every target size (see :mod:`bsi.pipeline.sweep`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from bsi.cli.flags import add_config_flags, overrides_from_args
+from bsi.errors import BSIError
+
+METHOD_NAMES = ("svd", "svd-llm", "fwsvd", "asvd", "basel", "bsi-grad", "bsi")
+DEFAULT_TARGETS = "0.8,0.6,0.4,0.25,0.15"
+
+#: set per cell, so not flags of the sweep
+PER_CELL = ("compress.score", "compress.size_mode", "compress.target_ratio", "compress.keep_ratio", "preset")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from bsi.config import PRESETS
+
+    p.add_argument("--methods", default=",".join(METHOD_NAMES), help="comma-separated methods")
+    p.add_argument("--targets", default=DEFAULT_TARGETS,
+                   help="comma-separated target ratios of the compressible layers' parameters")
+    p.add_argument("--out", required=True, help="output folder (an existing sweep folder resumes)")
+    p.add_argument("--preset", choices=list(PRESETS), help="starting configuration (default: default)")
+    p.add_argument("--config", help="a JSON PipelineConfig file as the starting configuration instead of --preset")
+    p.add_argument("--alpha", type=float, default=0.5, help="ASVD exponent")
+    p.add_argument("--allocation", default="uniform", choices=("uniform", "sensitivity"),
+                   help="rank allocation of the SVD family")
+    p.add_argument("--speed-tokens", type=int, default=32, help="new tokens per speed timing")
+    p.add_argument("--speed-repeats", type=int, default=3, help="speed timings per model (0: skip speed)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_config_flags(p, exclude=PER_CELL)
+
+
+def config_from_args(args: argparse.Namespace):
+    """The sweep's shared PipelineConfig: ``--config`` file or ``--preset``, then the flags given."""
+    from bsi.config import PipelineConfig, make_config
+
+    if args.config and args.preset:
+        raise BSIError("give --config FILE or --preset NAME, not both")
+    base = PipelineConfig.from_json(args.config) if args.config else None
+    return make_config(None if base else (args.preset or "default"), overrides_from_args(args), base=base)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bsi.pipeline.methods import BaselineConfig
+    from bsi.pipeline.sweep import CellReport, Sweep, _fmt, cell_key, parse_methods, parse_targets
+    from bsi.progress import ProgressPrinter
+
+    sweep = Sweep(config_from_args(args), parse_methods(args.methods), parse_targets(args.targets), args.out,
+                  BaselineConfig(alpha=args.alpha, allocation=args.allocation),
+                  speed_tokens=args.speed_tokens, speed_repeats=args.speed_repeats)
+    printer = ProgressPrinter(enabled=not args.quiet)
+    for report in sweep.run():
+        if isinstance(report, CellReport):
+            printer.close()
+            r = report.row
+            state = "already done" if report.skipped else f"{r['seconds']:.0f} s"
+            acc = f"{100 * r['accuracy']:.1f}%" if r.get("accuracy") is not None else "-"
+            print(f"[{report.index}/{report.total}] {cell_key(r['method'], r['target'])}: {r['params_total']:,} params, "
+                  f"accuracy {acc}, loss {_fmt(r.get('loss'), '.4f')} ({state})", flush=True)
+        else:
+            printer.show(report)
+    printer.close()
+    print((sweep.out_dir / "results.md").read_text(encoding="utf-8"))
+    print(f"wrote {sweep.out_dir / 'results.jsonl'}, results.md and figure.html")
+    return 0
+
+

@@ -1,0 +1,232 @@
+"""Which bases a layer is written in: plain SVD, weighted SVD, or SVD of the whitened weight.
+
+Every function returns ``(U, sigma, V)`` with ``W = U diag(sigma) V^T``
+(``U`` (out, r), ``sigma`` (r,) descending, ``V`` (in, r), ``r = min(out, in)``),
+so the layer stays *exact* whatever the choice; what changes is which
+truncation keeping the first k bases gives:
+
+* :func:`svd_bases`, the plain SVD: the smallest ``||W - W_k||_F``. Blind to
+  the data: a direction of ``W`` the task's inputs never excite costs as
+  much to drop as one they use all the time.
+* :func:`whitened_bases`, the SVD of ``W S`` where ``S S^T = X^T X / N`` is the
+  covariance of the layer's inputs ``X`` on task batches (a Cholesky factor),
+  with ``S^{-1}`` folded back into ``V``: the smallest *output* error on those
+  inputs, ``||X (W - W_k)^T||_F``, since ``||X D^T||_F^2 = N ||D S||_F^2`` for
+  any ``D``. In these bases ``sigma_i^2`` is exactly the mean squared change
+  of the layer's output when basis ``i`` is dropped. (This is the
+  truncation-aware whitening of SVD-LLM, Wang et al. 2024.)
+* :func:`weighted_svd`: the SVD of ``diag(d) W diag(s)`` with the weights
+  folded back out, for the FWSVD and ASVD baselines.
+
+``U`` stays orthonormal in the whitened bases; ``V`` does not, which nothing
+in bsi assumes. The input statistics are gathered by
+:class:`InputStatistics` from forward passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+
+def svd_bases(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Thin SVD of a weight matrix, computed in fp32.
+
+    Args:
+        weight: (out, in) dense weight.
+
+    Returns:
+        ``U`` (out, r), ``sigma`` (r,), ``V`` (in, r) with ``r = min(out, in)``,
+        sigma sorted descending, such that ``weight ~= U @ diag(sigma) @ V.T``.
+    """
+    w = weight.detach().to(torch.float32)
+    u, s, vh = torch.linalg.svd(w, full_matrices=False)  # (out, r), (r,), (r, in)
+    return u, s, vh.T.contiguous()
+
+
+def whitening_factor(covariance: torch.Tensor, damping: float = 1e-3) -> torch.Tensor:
+    """Lower-triangular ``S`` with ``S S^T = C + damping * mean(diag C) * I`` (Cholesky, float64).
+
+    The damping keeps ``S`` invertible when some input directions never occur
+    (a rank-deficient covariance); it is relative, so it means the same for
+    any scale of activations.
+
+    Args:
+        covariance: (in, in) symmetric positive semi-definite ``X^T X / N``.
+    """
+    c = covariance.detach().double()
+    c = 0.5 * (c + c.T)
+    scale = float(c.diagonal().mean()) if c.numel() else 1.0
+    scale = scale if scale > 0 else 1.0
+    eye = torch.eye(c.shape[0], dtype=c.dtype, device=c.device)
+    jitter = max(damping, 1e-10)
+    for _ in range(8):  # more damping until the factorisation succeeds (round-off can make C indefinite)
+        factor, info = torch.linalg.cholesky_ex(c + jitter * scale * eye)
+        if int(info) == 0:
+            return factor
+        jitter *= 10
+    raise ValueError("input covariance is not positive definite even with heavy damping")
+
+
+def whitened_bases(weight: torch.Tensor, covariance: torch.Tensor, damping: float = 1e-3
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Bases in which truncation minimises the output error on the calibration inputs.
+
+    With ``S`` from :func:`whitening_factor`, ``W S = U' diag(s) V'^T`` (SVD), so
+    ``W = U' diag(s) (S^{-T} V')^T``: returns ``U = U'``, ``sigma = s`` and
+    ``V = S^{-T} V'`` (a triangular solve, no explicit inverse).
+
+    Args:
+        weight: (out, in).
+        covariance: (in, in) second moment of the layer's inputs.
+
+    Returns:
+        ``U`` (out, r), ``sigma`` (r,) descending, ``V`` (in, r), float32, on
+        the weight's device, with ``U diag(sigma) V^T == weight`` up to rounding.
+    """
+    device = weight.device
+    s_factor = whitening_factor(covariance.to(device), damping)  # (in, in) lower, float64
+    w = weight.detach().double()  # (out, in)
+    u, sigma, vh = torch.linalg.svd(w @ s_factor, full_matrices=False)  # (out, r), (r,), (r, in)
+    v = torch.linalg.solve_triangular(s_factor.T, vh.T, upper=True)  # (in, r) = S^{-T} V'
+    return u.float().contiguous(), sigma.float(), v.float().contiguous()
+
+
+def weighted_svd(
+    weight: torch.Tensor, row_weights: torch.Tensor | None = None, col_scales: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SVD of ``diag(d) W diag(s)``, with ``d`` and ``s`` folded back out of the factors.
+
+    Truncating the result to its first k triplets gives the rank-k matrix that
+    minimises ``||diag(d) (W - W_k) diag(s)||_F`` (Eckart-Young on the weighted
+    matrix). With no weights it is the plain SVD.
+
+    Args:
+        weight: (out, in) dense weight.
+        row_weights: (out,) positive weights ``d`` or None.
+        col_scales: (in,) positive scales ``s`` or None.
+
+    Returns:
+        ``U`` (out, r), ``sigma`` (r,) descending, ``V`` (in, r), float32, with
+        ``U diag(sigma) V^T == W`` up to rounding and ``r = min(out, in)``.
+    """
+    w = weight.detach().float()  # (out, in)
+    d = row_weights.float().to(w.device) if row_weights is not None else None
+    s = col_scales.float().to(w.device) if col_scales is not None else None
+    if d is not None:
+        w = d[:, None] * w
+    if s is not None:
+        w = w * s[None, :]
+    u, sigma, vh = torch.linalg.svd(w, full_matrices=False)  # (out, r), (r,), (r, in)
+    v = vh.T  # (in, r)
+    if d is not None:
+        u = u / d[:, None]
+    if s is not None:
+        v = v / s[:, None]
+    return u.contiguous(), sigma, v.contiguous()
+
+
+class InputStatistics:
+    """Statistics of the inputs of some linear layers, gathered from forward passes.
+
+    Use as a context manager around forward passes; positions where
+    :attr:`mask` is 0 (padding) are left out. Two statistics per layer:
+
+    * ``covariance()``: the second moment ``X^T X / N`` (in, in), for
+      :func:`whitened_bases`;
+    * ``abs_mean()``: the mean absolute value of each input channel (in,), for
+      ASVD's scales.
+
+    Sibling layers (same parent module) that receive the *same* input tensor
+    (the query, key and value projections; the gate and up projections) share
+    one accumulator, so a transformer block costs four covariances, not seven.
+
+    Args:
+        modules: name -> linear module.
+        covariance: gather the (in, in) second moments (memory: in^2 per distinct input).
+    """
+
+    def __init__(self, modules: Mapping[str, nn.Module], covariance: bool = True) -> None:
+        self.modules = dict(modules)
+        self.with_covariance = covariance
+        self.mask: torch.Tensor | None = None  # (B, T) of the batch being run
+        self._owner: dict[str, str] = {}  # layer -> layer whose accumulator it shares
+        self._seen: dict[tuple, tuple] = {}  # (data_ptr, shape, strides) -> (input, first layer), one parent at a time
+        self._parent: str | None = None
+        self._sq: dict[str, torch.Tensor] = {}
+        self._abs: dict[str, torch.Tensor] = {}
+        self._count: dict[str, int] = {}
+        self._handles: list = []
+
+    def _hook(self, name: str):
+        parent = name.rpartition(".")[0]
+
+        def hook(module: nn.Module, args: tuple) -> None:
+            x = args[0].detach()
+            owner = self._owner.get(name)
+            if owner is None:  # first time this layer runs: does a sibling already see this very tensor?
+                if parent != self._parent:  # the references held below are for one parent module at a time
+                    self._seen, self._parent = {}, parent
+                key = (x.data_ptr(), tuple(x.shape), tuple(x.stride()))
+                seen = self._seen.get(key)  # holding the tensor keeps its memory from being reused meanwhile
+                owner = seen[1] if seen is not None else name
+                self._seen[key] = (x, owner)
+                self._owner[name] = owner
+            if owner != name:
+                return
+            if self.mask is not None and x.dim() == 3 and x.shape[:2] == self.mask.shape:
+                x = x[self.mask.to(x.device).bool()]  # (N, in)
+            x = x.reshape(-1, x.shape[-1]).float()  # (N, in)
+            if name not in self._count:
+                self._abs[name] = torch.zeros(x.shape[-1], device=x.device)
+                self._count[name] = 0
+                if self.with_covariance:
+                    self._sq[name] = torch.zeros(x.shape[-1], x.shape[-1], device=x.device)
+            self._abs[name] += x.abs().sum(dim=0)
+            self._count[name] += x.shape[0]
+            if self.with_covariance:
+                self._sq[name].addmm_(x.T, x)  # (in, in) += X^T X
+
+        return hook
+
+    def start_batch(self, attention_mask: torch.Tensor | None) -> None:
+        """Call before each forward pass: the padding mask of its batch."""
+        self.mask = attention_mask
+        self._seen, self._parent = {}, None
+
+    def __enter__(self) -> "InputStatistics":
+        self._handles = [m.register_forward_pre_hook(self._hook(n)) for n, m in self.modules.items()]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def reduce(self, fn) -> None:
+        """Apply ``fn`` (e.g. a sum over processes) to the raw sums and counts, before they are normalised."""
+        for store in (self._sq, self._abs):
+            for key in list(store):
+                store[key] = fn(store[key])
+        for key in list(self._count):
+            device = self._abs[key].device
+            self._count[key] = int(fn(torch.tensor(float(self._count[key]), device=device)).item())
+
+    def _per_layer(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = {}
+        for name in self.modules:
+            owner = self._owner.get(name, name)
+            if owner not in values:
+                raise ValueError(f"layer '{name}' saw no input: run at least one batch through the model")
+            out[name] = values[owner] / max(self._count[owner], 1)
+        return out
+
+    def covariance(self) -> dict[str, torch.Tensor]:
+        """``{name: X^T X / N}``, (in, in) float32; layers with a shared input share the tensor."""
+        return self._per_layer(self._sq)
+
+    def abs_mean(self) -> dict[str, torch.Tensor]:
+        """``{name: mean |x_j|}``, (in,) float32."""
+        return self._per_layer(self._abs)

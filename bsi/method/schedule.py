@@ -1,0 +1,243 @@
+"""How much each pruning round removes, and which bases: pure functions over per-layer vectors.
+
+Two size modes (``CompressConfig.size_mode``):
+
+* ``keep`` (the method's rule): every layer keeps the most important bases of
+  its candidate pool that hold a share ``KeepRatio ** (1/T)`` of the pool's
+  positive importance (:func:`bsi.method.scores.mass_rule_keep_count`).
+* ``target``: a parameter *budget* per round. A layer's stored size only falls
+  below its dense size once it has lost about half its rank (factors cost
+  ``r (in + out)``), so budgets in stored parameters would force the first
+  round to remove half of every layer at once. The rounds therefore budget in
+  *factor* parameters, shrinking geometrically from the full-rank factors to
+  the final size (:func:`gradual_budgets`), and only the last round's budget
+  is the stored-size target itself. Each round then removes about the same
+  share of the bases.
+
+Which bases go within a budget (``selection``):
+
+* ``mass``: one keep fraction ``q`` shared by all layers, found by bisection,
+  each layer applying the mass rule with it (the method's per-layer rule, with
+  the amount set by size);
+* ``global``: bases ranked across layers by importance per parameter they
+  cost, least valuable first, until the budget is met. Meaningful only for
+  scores in loss units (``bsi``, ``bsi-grad``), whose values are predicted
+  loss changes and compare across layers.
+
+In both modes no round may remove far more than its share: a layer loses at
+most ``max_cut_factor`` times the round's even share of its bases
+(:func:`cut_caps`), the least important first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from bsi.method.layers import factor_cost, stored_cost
+from bsi.method.scores import mass_rule_keep_count
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """What the schedule needs to know about one layer."""
+
+    in_features: int
+    out_features: int
+    rank: int  # active bases now
+    aux_rank: int = 0
+    bias: bool = False
+
+    def cost(self, rank: int, measure: str = "stored") -> int:
+        """Parameters at ``rank`` bases: ``stored`` (min of factors and dense) or ``factor``."""
+        fn = stored_cost if measure == "stored" else factor_cost
+        return fn(self.in_features, self.out_features, rank, self.aux_rank, self.bias)
+
+    @property
+    def dense(self) -> int:
+        return self.in_features * self.out_features + (self.out_features if self.bias else 0)
+
+    @property
+    def per_basis(self) -> int:
+        """Factor parameters one basis costs: ``in + out``."""
+        return self.in_features + self.out_features
+
+
+def gradual_budgets(start_factor: int, final_stored: int, rounds: int) -> list[tuple[int, str]]:
+    """Per-round budgets ``[(parameters, measure), ...]``: factor budgets shrinking geometrically, then the target.
+
+    Round ``t < T`` aims at ``start * (final / start) ** (t / T)`` *factor*
+    parameters; round ``T`` at ``final_stored`` *stored* parameters. With
+    ``start`` the full-rank factor size of the layers, every round removes
+    about the same share ``1 - (final / start) ** (1 / T)`` of the bases.
+    """
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
+    ratio = min(1.0, final_stored / max(start_factor, 1))
+    budgets = [(round(start_factor * ratio ** (t / rounds)), "factor") for t in range(1, rounds)]
+    return budgets + [(int(final_stored), "stored")]
+
+
+def cut_caps(ranks: Mapping[str, int], share: float, factor: float) -> dict[str, int] | None:
+    """The most bases each layer may lose this round: ``ceil(factor * share * rank)``; None: no limit.
+
+    Args:
+        ranks: active bases per layer.
+        share: the round's even share of the bases (e.g. ``1 - KeepRatio ** (1/T)``).
+        factor: ``max_cut_factor``; 0 switches the limit off.
+    """
+    if factor <= 0:
+        return None
+    return {n: min(r, math.ceil(factor * max(share, 0.0) * r)) for n, r in ranks.items()}
+
+
+def least_important(importance: torch.Tensor, pool: torch.Tensor, count: int) -> torch.Tensor:
+    """The ``count`` lowest-importance positions of ``pool`` (ties: lower position first), sorted ascending."""
+    if count <= 0 or pool.numel() == 0:
+        return pool[:0].clone()
+    order = torch.argsort(importance[pool].float(), stable=True)  # (p,) ascending
+    return pool[order[:count]].sort().values
+
+
+def mass_selection(importance: Mapping[str, torch.Tensor], pools: Mapping[str, torch.Tensor], keep_fraction: float,
+                   caps: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """Per layer, the pool positions the mass rule prunes at ``keep_fraction`` (at most ``caps[n]`` of them)."""
+    out = {}
+    for n, pool in pools.items():
+        kept = mass_rule_keep_count(importance[n][pool], keep_fraction) if pool.numel() else 0
+        count = pool.numel() - kept
+        if caps is not None:
+            count = min(count, caps[n])
+        out[n] = least_important(importance[n], pool, count)
+    return out
+
+
+def parameters_after(shapes: Mapping[str, LayerShape], pruned: Mapping[str, torch.Tensor], measure: str) -> int:
+    """Total parameters of the layers once ``pruned`` is removed, in ``measure`` (stored or factor)."""
+    return sum(s.cost(s.rank - pruned[n].numel(), measure) for n, s in shapes.items())
+
+
+def mass_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, torch.Tensor],
+                   pools: Mapping[str, torch.Tensor], budget: int, measure: str,
+                   caps: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """Bisection on the shared keep fraction ``q`` in [0, 2] so the parameters land on ``budget``.
+
+    ``q`` in (1, 2] keeps every positive basis and a share ``q - 1`` of the
+    negative ones (see :func:`bsi.method.scores.mass_rule_keep_count`), so the
+    family reaches from pruning every pool (q = 0) to pruning nothing (q = 2).
+    """
+    def at(q: float) -> dict[str, torch.Tensor]:
+        return mass_selection(importance, pools, q, caps)
+
+    lo, hi = 0.0, 2.0
+    if parameters_after(shapes, at(hi), measure) <= budget:
+        return at(hi)
+    if parameters_after(shapes, at(lo), measure) >= budget:
+        return at(lo)
+    for _ in range(40):  # invariant: params(lo) < budget <= params(hi)
+        mid = (lo + hi) / 2
+        if parameters_after(shapes, at(mid), measure) < budget:
+            lo = mid
+        else:
+            hi = mid
+    best_lo, best_hi = at(lo), at(hi)
+    gap = lambda p: abs(parameters_after(shapes, p, measure) - budget)  # noqa: E731
+    return best_lo if gap(best_lo) <= gap(best_hi) else best_hi
+
+
+def global_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, torch.Tensor],
+                     pools: Mapping[str, torch.Tensor], budget: int, measure: str,
+                     caps: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """Prune the pool bases with the least importance per parameter, across all layers, until ``budget``.
+
+    The candidates are ordered by ``importance / (in + out)`` ascending; a
+    layer's candidates beyond its cap are skipped. The smallest prefix of that
+    order that reaches the budget is pruned (or, if the budget lies between two
+    prefixes, the one closer to it).
+    """
+    names = list(pools)
+    values, owners, positions = [], [], []
+    for i, n in enumerate(names):
+        pool = pools[n]
+        if pool.numel() == 0:
+            continue
+        imp = importance[n][pool].float()  # (p,)
+        order = torch.argsort(imp, stable=True)
+        if caps is not None:
+            order = order[: caps[n]]
+        values.append(imp[order] / shapes[n].per_basis)
+        owners.append(torch.full((order.numel(),), i, dtype=torch.long))
+        positions.append(pool[order])
+    if not values:
+        return {n: pools[n][:0].clone() for n in names}
+    value, owner, position = torch.cat(values), torch.cat(owners), torch.cat(positions)
+    order = torch.argsort(value, stable=True)  # global, least valuable first
+    owner, position = owner[order], position[order]
+
+    def at(k: int) -> dict[str, torch.Tensor]:
+        return {n: position[:k][owner[:k] == i].sort().values for i, n in enumerate(names)}
+
+    lo, hi = 0, owner.numel()  # params(at(k)) decreases with k
+    if parameters_after(shapes, at(hi), measure) >= budget:
+        return at(hi)
+    while hi - lo > 1:  # invariant: params(at(lo)) > budget >= params(at(hi))
+        mid = (lo + hi) // 2
+        if parameters_after(shapes, at(mid), measure) > budget:
+            lo = mid
+        else:
+            hi = mid
+    gap = lambda k: abs(parameters_after(shapes, at(k), measure) - budget)  # noqa: E731
+    return at(lo) if gap(lo) < gap(hi) else at(hi)
+
+
+def select_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, torch.Tensor],
+                     pools: Mapping[str, torch.Tensor], budget: int, measure: str, selection: str = "mass",
+                     caps: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """Which bases to prune so the layers land on ``budget`` (``selection``: ``mass`` or ``global``).
+
+    If the caps make the budget unreachable they are doubled until it is (or
+    dropped): the size target wins over the even spread.
+    """
+    choose = global_to_budget if selection == "global" else mass_to_budget
+    while True:
+        pruned = choose(shapes, importance, pools, budget, measure, caps)
+        if caps is None or parameters_after(shapes, pruned, measure) <= budget:
+            return pruned
+        if all(caps[n] >= pools[n].numel() for n in pools):
+            return pruned
+        caps = {n: min(pools[n].numel(), max(1, 2 * c)) for n, c in caps.items()}
+
+
+def widen_pools(rho: float, pool_at, shapes: Mapping[str, LayerShape], budget: int, measure: str,
+                margin: float = 1.5) -> float:
+    """The largest ``rho`` <= the given one whose pools, pruned entirely, could reach ``budget`` with ``margin``.
+
+    ``pool_at(rho) -> {name: positions}`` gives the pools at a rho. Returns
+    ``rho`` itself when its pools are already large enough.
+    """
+    now = sum(s.cost(s.rank, measure) for s in shapes.values())
+    need = now - budget
+
+    def reach(r: float) -> int:
+        pools = pool_at(r)
+        return now - parameters_after(shapes, pools, measure)
+
+    if need <= 0 or reach(rho) >= margin * need:
+        return rho
+    lo, hi = 0.0, rho
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if reach(mid) >= margin * need:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def even_share(before: Sequence[int] | int, after: int) -> float:
+    """The share ``1 - after / before`` a round must remove (0 when nothing is to go)."""
+    before_total = sum(before) if not isinstance(before, int) else before
+    return max(0.0, 1.0 - after / max(before_total, 1))

@@ -1,0 +1,183 @@
+"""The losses everything optimises: answer-token cross-entropy, and distillation from the dense model.
+
+* :class:`AnswerTokenLoss` (the instance :data:`answer_token_loss`) is *the*
+  loss of bsi: the mean cross-entropy of the answer tokens given everything
+  before them. Fine-tuning minimises it, the importance scores are its
+  derivatives, evaluation reports it. It also offers what the curvature
+  sources need: how many tokens it averages over (:meth:`AnswerTokenLoss.count`)
+  and the same loss with labels drawn from the model itself
+  (:meth:`AnswerTokenLoss.sampled`).
+* :class:`DistillationLoss` mixes it with the KL divergence from a frozen
+  teacher (the fine-tuned dense model) on the same answer tokens::
+
+      loss = (1 - w) * CE(student, labels) + w * T^2 * KL(softmax(t / T) || softmax(s / T))
+
+  With the teacher equal to the student the KL term is zero, so the loss is
+  ``(1 - w)`` times the task loss; the ``T^2`` factor keeps the gradient's size
+  independent of the temperature.
+
+Only the logits of labelled positions are computed: the output layer (a fifth
+of a small model's compute) runs on the answer tokens alone when the model
+supports a boolean ``logits_to_keep`` mask (transformers >= 5.x), and on every
+position otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bsi.data import IGNORE_INDEX
+
+
+@functools.cache
+def _mask_slicing_supported() -> bool:
+    """Whether this transformers slices hidden states with a boolean (B, T) ``logits_to_keep`` mask."""
+    try:
+        from transformers.modeling_utils import slice_logits_to_keep
+    except ImportError:
+        return False
+    try:
+        kept = slice_logits_to_keep(torch.zeros(1, 2, 3), torch.tensor([[True, False]]))
+    except Exception:  # noqa: BLE001 - any failure means: not supported
+        return False
+    return tuple(kept.shape) == (1, 3)
+
+
+def _accepts_logits_to_keep(model: nn.Module) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a parameterless module)."""
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def answer_logits(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits at the labelled positions and their targets: ``(N, V)`` float32 and ``(N,)``.
+
+    A causal LM's logits at position ``t`` predict token ``t + 1``, so the
+    target of position ``t`` is ``labels[t + 1]``; positions whose target is
+    -100 (prompt, padding) are left out.
+    """
+    device = device_of(model)
+    input_ids = batch["input_ids"].to(device)  # (B, T)
+    labels = batch["labels"].to(device)  # (B, T)
+    attention_mask = batch.get("attention_mask")
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(device)  # (B, T)
+    keep = torch.zeros_like(labels, dtype=torch.bool)  # (B, T): position t predicts a labelled token t+1
+    keep[:, :-1] = labels[:, 1:] != IGNORE_INDEX
+    targets = labels[:, 1:][keep[:, :-1]]  # (N,)
+    if _mask_slicing_supported() and _accepts_logits_to_keep(model):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                       logits_to_keep=keep).logits  # (N, V)
+        if logits.dim() == 2 and logits.shape[0] == targets.numel():
+            return logits.float(), targets
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits  # (B, T, V)
+    return logits[keep].float(), targets
+
+
+class AnswerTokenLoss:
+    """Mean cross-entropy of the answer tokens: the loss of the whole project.
+
+    ``batch`` holds ``input_ids``, ``attention_mask`` and ``labels``, each
+    ``(B, T)``, as made by :func:`bsi.data.collate`; labels are -100 where no
+    loss is wanted. Calling it returns a float32 scalar with a gradient graph
+    (NaN if no token is labelled).
+    """
+
+    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits, targets = answer_logits(model, batch)
+        if not targets.numel():
+            return logits.sum() * float("nan")
+        return F.cross_entropy(logits, targets)
+
+    def sum_and_count(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """Summed cross-entropy over the labelled tokens and their number."""
+        logits, targets = answer_logits(model, batch)
+        return F.cross_entropy(logits, targets, reduction="sum"), int(targets.numel())
+
+    @staticmethod
+    def count(batch: dict[str, torch.Tensor]) -> int:
+        """How many tokens the loss averages over on ``batch``."""
+        return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+    def sampled(self, model: nn.Module, batch: dict[str, torch.Tensor],
+                generator: torch.Generator | None = None) -> torch.Tensor:
+        """The same loss with each target drawn from the model's own prediction at that position.
+
+        Its per-example gradients give an unbiased estimate of the Fisher (the
+        Gauss-Newton matrix of the cross-entropy), see
+        :class:`bsi.method.curvature.Fisher`.
+        """
+        logits, targets = answer_logits(model, batch)
+        if not targets.numel():
+            return logits.sum() * float("nan")
+        probs = torch.softmax(logits.detach(), dim=-1)  # (N, V)
+        device_generator = None
+        if generator is not None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+            device_generator = torch.Generator(device=probs.device).manual_seed(seed)
+        drawn = torch.multinomial(probs, 1, generator=device_generator).squeeze(1)  # (N,)
+        return F.cross_entropy(logits, drawn)
+
+    def __repr__(self) -> str:
+        return "AnswerTokenLoss()"
+
+
+answer_token_loss = AnswerTokenLoss()
+"""The task loss (an :class:`AnswerTokenLoss`); call it as ``answer_token_loss(model, batch)``."""
+
+
+class DistillationLoss:
+    """Task loss mixed with the KL divergence from a frozen teacher on the answer tokens.
+
+    Args:
+        teacher: the fine-tuned dense model (kept in eval mode, no gradient).
+        weight: ``w`` in [0, 1]; 0 is the task loss alone, 1 distillation alone.
+        temperature: ``T`` > 0 of both softmaxes.
+    """
+
+    def __init__(self, teacher: nn.Module, weight: float, temperature: float = 1.0) -> None:
+        if not 0 <= weight <= 1:
+            raise ValueError(f"distillation weight must be in [0, 1], got {weight}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.teacher, self.weight, self.temperature = teacher, weight, temperature
+        self.teacher.eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self.task = answer_token_loss
+
+    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits, targets = answer_logits(model, batch)  # (N, V), (N,)
+        task = F.cross_entropy(logits, targets) if targets.numel() else logits.sum() * float("nan")
+        if self.weight == 0:
+            return task
+        with torch.no_grad():
+            teacher_logits, _ = answer_logits(self.teacher, batch)  # (N, V)
+        return (1 - self.weight) * task + self.weight * distillation_kl(logits, teacher_logits, self.temperature)
+
+    count = staticmethod(AnswerTokenLoss.count)
+
+
+def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``T^2 * mean over tokens of KL(softmax(t/T) || softmax(s/T))``, a float32 scalar.
+
+    Args:
+        student_logits, teacher_logits: (N, V) logits at the same N positions.
+    """
+    t = temperature
+    student = F.log_softmax(student_logits.float() / t, dim=-1)  # (N, V)
+    teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)  # (N, V)
+    kl = F.kl_div(student, teacher, log_target=True, reduction="batchmean")  # mean over the N tokens
+    return kl * t * t
