@@ -36,7 +36,7 @@ from bsi.method.curvature import LossFn, evaluation_mode, hessian_vector_product
 from bsi.method.scores import probe_vector, symmetric_difference_hessian
 from bsi.method.layers import BasisLinear, LowRankLinear
 from bsi.models import EMBEDDED_MODEL, TINY_MODEL
-from bsi.method.surgery import _parent_and_attr, tied_output_names
+from bsi.method.surgery import parent_and_attr, tied_output_names
 from bsi.reports import RoundReport
 
 NOTEBOOK_MODEL_ENV = "BSI_NOTEBOOK_MODEL"
@@ -189,7 +189,7 @@ def convert_layer(model: nn.Module, name: str, aux_rank: int = 0) -> BasisLinear
     if not isinstance(module, nn.Linear):
         raise BSIError(f"'{name}' is not a linear layer of this model")
     layer = BasisLinear.from_linear(module, aux_rank=aux_rank)
-    parent, attr = _parent_and_attr(model, name)
+    parent, attr = parent_and_attr(model, name)
     for p in model.parameters():
         p.requires_grad_(False)
     setattr(parent, attr, layer)

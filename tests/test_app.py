@@ -20,6 +20,7 @@ import torch
 from bsi.app import chat, compare, inspect, plots, spectra
 from bsi.app.compress import Form, build_config, cancel_job, eps_rule_text, run_job, sigma_max_of, validate_upload
 from bsi.app.state import JobBoard, Session
+from bsi.config import make_config
 from bsi.errors import BSIError
 from bsi.pipeline.losses import answer_token_loss
 from bsi.method.scores import eps_rule
@@ -81,7 +82,7 @@ def test_bad_form_is_reported_before_taking_the_board():
     form = Form.for_preset("smoke")
     form.size_value = 1.5
     views = list(run_job(board, Session(), form))
-    assert "keep_ratio must be in (0, 1]" in views[-1].status and not board.busy
+    assert "target_ratio must be in (0, 1]" in views[-1].status and not board.busy
 
 
 def test_cancel_stops_within_a_step(tmp_path, monkeypatch):
@@ -105,11 +106,11 @@ def test_form_defaults_and_config():
     default = Form.for_preset("default")
     assert default.model_source == "embedded" and default.preset == "default"
     config = build_config(default)  # a first click with nothing changed is valid
-    assert config.model == "smollm2-135m-instruct" and config.compress.keep_ratio == 0.6
+    assert config.model == "smollm2-135m-instruct" and config == make_config("default")
     target = Form.for_preset("smoke")
     target.size_mode, target.size_value, target.eps = "target", 0.4, 0.01
     config = build_config(target)
-    assert config.compress.target_ratio == 0.4 and config.compress.keep_ratio is None and config.compress.eps == 0.01
+    assert config.compress.target_ratio == 0.4 and config.compress.size_mode == "target" and config.compress.eps == 0.01
     hub = Form(model_source="hub", model_name="")
     with pytest.raises(BSIError, match="hub id"):
         build_config(hub)

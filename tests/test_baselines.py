@@ -5,19 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bsi.method.bases import weighted_svd
+from bsi.method.schedule import LayerShape
 from bsi.pipeline.baselines import (
-    LayerShape,
     activation_scales,
     fisher_row_weights,
     install_bases,
     sensitivity_ranks,
     uniform_ranks,
-    weighted_svd,
 )
 from bsi.config import make_config
 from bsi.errors import BSIError
 from bsi.method.layers import BasisLinear
-from bsi.pipeline.methods import METHODS, BaselineConfig, MethodPipeline, get_method
+from bsi.pipeline.methods import METHODS, BaselineConfig, get_method
+from bsi.pipeline.runner import Pipeline
 from bsi.models import load_model_and_tokenizer
 
 
@@ -81,7 +82,7 @@ def test_uniform_allocation_hits_the_target_within_one_percent(target):
     dense = sum(s.dense for s in SHAPES.values())
     total = sum(SHAPES[n].cost(r) for n, r in ranks.items())
     assert abs(total / dense - target) <= 0.01 * target
-    assert all(0 <= r <= SHAPES[n].max_rank for n, r in ranks.items())
+    assert all(0 <= r <= SHAPES[n].rank for n, r in ranks.items())
     shares = [SHAPES[n].cost(r) / SHAPES[n].dense for n, r in ranks.items() if SHAPES[n].in_features > 64]
     assert max(shares) - min(shares) < 0.05  # uniform: every big layer keeps about the same share
 
@@ -113,7 +114,7 @@ def test_install_bases_keeps_the_leading_bases():
 def run_method(name, target, **over):
     config = make_config("smoke", {"skip_finetune": True, "eval_examples": 0, "recover": {"steps": 0},
                                    "compress": {"target_ratio": target}, **over})
-    pipeline = MethodPipeline(config, name, baseline=BaselineConfig(calibration_batches=2))
+    pipeline = Pipeline(config, method=name)
     *_, done = pipeline.run()
     return pipeline, done.summary
 
@@ -129,14 +130,14 @@ def test_each_method_hits_its_target_size_within_one_percent(name, isolated_cach
 def test_sensitivity_allocation_through_the_pipeline(isolated_cache):
     config = make_config("smoke", {"skip_finetune": True, "eval_examples": 0, "recover": {"steps": 0},
                                    "compress": {"target_ratio": 0.3}})
-    pipeline = MethodPipeline(config, "asvd", baseline=BaselineConfig(allocation="sensitivity", calibration_batches=1,
+    pipeline = Pipeline(config, method="asvd", baseline=BaselineConfig(allocation="sensitivity",
                                                                        sensitivity_shares=(0.2, 0.5, 0.8)))
     *_, done = pipeline.run()
     assert abs(done.summary["compressible_ratio"] - 0.3) <= 0.003
     assert len(set(done.summary["ranks"].values())) > 2  # not a uniform allocation
 
 
-@pytest.mark.parametrize("name", ["svd", "fwsvd", "asvd"])
+@pytest.mark.parametrize("name", ["svd", "svd-llm", "fwsvd", "asvd"])
 def test_full_rank_baselines_reproduce_the_model(name, isolated_cache):
     original, tokenizer = load_model_and_tokenizer("tiny-random-llama")
     pipeline, summary = run_method(name, 1.0, compress={"target_ratio": 1.0, "aux_rank": 0})
@@ -146,10 +147,10 @@ def test_full_rank_baselines_reproduce_the_model(name, isolated_cache):
 
 
 def test_svd_family_needs_a_target_and_unknown_methods_are_named(isolated_cache):
-    config = make_config("smoke", {"skip_finetune": True, "eval_examples": 0})
+    config = make_config("smoke", {"skip_finetune": True, "eval_examples": 0, "compress": {"keep_ratio": 0.5}})
     with pytest.raises(BSIError, match="target size"):
-        list(MethodPipeline(config, "svd").run())
-    with pytest.raises(BSIError, match="unknown method 'pca'.*svd, fwsvd, asvd, basel, bsi-grad, bsi"):
+        list(Pipeline(config, method="svd").run())
+    with pytest.raises(BSIError, match="unknown method 'pca'.*svd, svd-llm, fwsvd, asvd, basel, bsi-grad, bsi"):
         get_method("pca")
     with pytest.raises(BSIError, match="allocation"):
         BaselineConfig(allocation="greedy")

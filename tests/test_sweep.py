@@ -8,7 +8,8 @@ import pytest
 
 from bsi.cli import main
 from bsi.config import make_config
-from bsi.pipeline.methods import BaselineConfig, MethodPipeline
+from bsi.pipeline.methods import BaselineConfig
+from bsi.pipeline.runner import Pipeline
 from bsi.models import load_model_and_tokenizer
 from bsi.reports import StageReport
 from bsi.analysis.speed import measure_speeds
@@ -21,7 +22,7 @@ def tiny_config(**over):
 
 
 def make_sweep(out, methods=("svd", "bsi"), targets=(0.5,)):
-    return Sweep(tiny_config(), list(methods), list(targets), out, BaselineConfig(calibration_batches=1),
+    return Sweep(tiny_config(), list(methods), list(targets), out, BaselineConfig(),
                  speed_tokens=3, speed_repeats=1)
 
 
@@ -79,7 +80,7 @@ def test_compare_writes_one_column_per_model(tmp_path, isolated_cache, capsys):
     folder = tmp_path / "svd-model"
     config = make_config("smoke", {"skip_finetune": True, "eval_examples": 0, "recover": {"steps": 0},
                                    "compress": {"target_ratio": 0.5}})
-    list(MethodPipeline(config, "svd", out_dir=folder).run())
+    list(Pipeline(config, folder, method="svd").run())
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"question": "What is 2 + 3?"}\n{"prompt": "Name a color."}\n')
     out = tmp_path / "cmp"
@@ -102,12 +103,15 @@ def test_sweep_flags_and_config_file_set_the_shared_schedule(tmp_path, isolated_
     out = tmp_path / "s"
     assert main(["sweep", "--config", str(config_file), "--methods", "bsi", "--targets", "0.6", "--probes", "3",
                  "--sampling-ratio", "0.5", "--speed-repeats", "0", "--calibration-batches", "1", "--quiet",
+                 "--curvature", "hutchinson",
                  "--out", str(out)]) == 0
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     compress = rows[0]["settings"]["config"]["compress"]
     assert (compress["rounds"], compress["probes_per_batch"], compress["sampling_ratio"]) == (1, 3, 0.5)
     assert rows[1]["method"] == "bsi" and abs(rows[1]["compressible_ratio"] - 0.6) <= 0.006
-    assert "1 rounds of 8 iterations, the last 4 of each profiling with 3 probe(s)" in (out / "results.md").read_text()
+    assert compress["calibration_batches"] == 1 and compress["curvature"] == "hutchinson"
+    assert "1 rounds of 8 iterations, the last 4 of each profiling (hutchinson curvature, 3 probe(s) per batch" \
+        in (out / "results.md").read_text()
 
 
 @pytest.mark.parametrize("args, message", [

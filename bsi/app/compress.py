@@ -81,7 +81,7 @@ class Form:
             raise BSIError(f"unknown preset '{preset}': use one of {', '.join(PRESETS)}")
         comp = make_config(preset).compress
         model = "tiny" if PRESETS[preset].get("model") == TINY_MODEL else "embedded"
-        mode, value = ("keep", comp.keep_ratio) if comp.keep_ratio is not None else ("target", comp.target_ratio)
+        mode, value = comp.size_mode, comp.ratio
         return cls(model_source=model, size_mode=mode, size_value=float(value), rounds=comp.rounds,
                    gamma=comp.gamma, probe_scope=comp.probe_scope, score=comp.score, preset=preset)
 
@@ -157,6 +157,7 @@ def build_config(form: Form) -> PipelineConfig:
         "rounds": rounds, "gamma": float(form.gamma), "probe_scope": form.probe_scope, "score": form.score,
         "eps": float(form.eps) if form.eps else None,
         ("keep_ratio" if form.size_mode == "keep" else "target_ratio"): float(form.size_value),
+        "size_mode": form.size_mode,
     }
     overrides = {"model": model_spec(form), "data": data, "trust_remote_code": bool(form.trust_remote_code),
                  "compress": compress}

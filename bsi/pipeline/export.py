@@ -30,7 +30,7 @@ from torch import nn
 from bsi.errors import BSIError
 from bsi.files import atomic_directory, atomic_write_json
 from bsi.method.layers import LowRankLinear
-from bsi.method.surgery import _parent_and_attr, basis_layers, to_exported_form
+from bsi.method.surgery import parent_and_attr, basis_layers, to_exported_form
 
 FORMAT = "bsi-compressed"
 FORMAT_VERSION = 1
@@ -130,7 +130,7 @@ def load_compressed(
         if spec.get("kind") != "lowrank":
             continue
         try:
-            parent, attr = _parent_and_attr(model, name)
+            parent, attr = parent_and_attr(model, name)
             getattr(parent, attr)
         except AttributeError:
             raise BSIError(f"{META} names layer '{name}' that the config's model does not have") from None
