@@ -172,8 +172,8 @@ class CompressConfig(_JsonConfig):
     aux_rank: int = option(8, "auxiliary vectors per layer")
     lr: float = option(1e-3, "learning rate of sigma while pruning")
     aux_lr: float = option(2e-4, "learning rate of the auxiliary vectors while pruning")
-    distill: float = option(0.0, "weight of the distillation loss (KL to the fine-tuned dense model) in the "
-                                 "tuning steps, in [0, 1]; 0: the task loss only")
+    distill: float = option(0.0, "weight w of the distillation term in the tuning steps: task loss + w * KL to "
+                                 "the fine-tuned dense model (0: the task loss only)")
     max_skipped_batches: int = option(20, "stop after this many batches with non-finite values", cli=False)
     seed: int = option(0, "seed of the probes and the auxiliary vectors", cli=False)
 
@@ -215,7 +215,7 @@ class CompressConfig(_JsonConfig):
         _check(_integer(self.aux_rank) and self.aux_rank >= 0, f"aux_rank must be an integer >= 0, got {self.aux_rank}")
         _check(_number(self.lr) and _number(self.aux_lr) and self.lr >= 0 and self.aux_lr >= 0,
                "learning rates must be >= 0")
-        _check(_number(self.distill) and 0 <= self.distill <= 1, f"distill must be in [0, 1], got {self.distill}")
+        _check(_number(self.distill) and 0 <= self.distill <= 100, f"distill must be in [0, 100], got {self.distill}")
         _check(self.max_skipped_batches >= 0, "max_skipped_batches must be >= 0")
         if self.round_length < 2:
             raise BSIError(
@@ -289,12 +289,13 @@ class RecoverConfig(FinetuneConfig):
     train: str = option("factors", "what recovery trains: factors (the low-rank factors, dense layers and "
                                    "norms) or sigma (coefficients and auxiliary vectors only)", choices=RECOVER_TARGETS)
     train_embeddings: bool = option(False, "recovery also trains the embeddings (factors only)")
-    distill: float = option(0.0, "weight of the distillation loss (KL to the fine-tuned dense model), in [0, 1]")
+    distill: float = option(0.0, "weight w of the distillation term: task loss + w * KL to the fine-tuned dense "
+                                 "model (0: the task loss only)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_choice(self.train, "train", RECOVER_TARGETS)
-        _check(_number(self.distill) and 0 <= self.distill <= 1, f"distill must be in [0, 1], got {self.distill}")
+        _check(_number(self.distill) and 0 <= self.distill <= 100, f"distill must be in [0, 100], got {self.distill}")
 
 
 @dataclass

@@ -215,12 +215,15 @@ class InputStatistics:
             self._count[key] = int(fn(torch.tensor(float(self._count[key]), device=device)).item())
 
     def _per_layer(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        normalised: dict[str, torch.Tensor] = {}  # one tensor per distinct input, shared by its layers
         out = {}
         for name in self.modules:
             owner = self._owner.get(name, name)
             if owner not in values:
                 raise ValueError(f"layer '{name}' saw no input: run at least one batch through the model")
-            out[name] = values[owner] / max(self._count[owner], 1)
+            if owner not in normalised:
+                normalised[owner] = values[owner] / max(self._count[owner], 1)
+            out[name] = normalised[owner]
         return out
 
     def covariance(self) -> dict[str, torch.Tensor]:

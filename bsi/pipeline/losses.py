@@ -7,14 +7,16 @@
   sources need: how many tokens it averages over (:meth:`AnswerTokenLoss.count`)
   and the same loss with labels drawn from the model itself
   (:meth:`AnswerTokenLoss.sampled`).
-* :class:`DistillationLoss` mixes it with the KL divergence from a frozen
-  teacher (the fine-tuned dense model) on the same answer tokens::
+* :class:`DistillationLoss` adds the KL divergence from a frozen teacher (the
+  fine-tuned dense model) on the same answer tokens::
 
-      loss = (1 - w) * CE(student, labels) + w * T^2 * KL(softmax(t / T) || softmax(s / T))
+      loss = CE(student, labels) + w * T^2 * KL(softmax(t / T) || softmax(s / T))
 
-  With the teacher equal to the student the KL term is zero, so the loss is
-  ``(1 - w)`` times the task loss; the ``T^2`` factor keeps the gradient's size
-  independent of the temperature.
+  With the teacher equal to the student the KL term is zero and the loss *is*
+  the task loss; the ``T^2`` factor keeps the gradient's size independent of
+  the temperature. The KL term carries far more signal per token than the
+  labels (the teacher's whole distribution, not one token), which is why
+  compressed models recover faster with it.
 
 Only the logits of labelled positions are computed: the output layer (a fifth
 of a small model's compute) runs on the answer tokens alone when the model
@@ -139,17 +141,17 @@ answer_token_loss = AnswerTokenLoss()
 
 
 class DistillationLoss:
-    """Task loss mixed with the KL divergence from a frozen teacher on the answer tokens.
+    """Task loss plus ``weight`` times the KL divergence from a frozen teacher on the answer tokens.
 
     Args:
         teacher: the fine-tuned dense model (kept in eval mode, no gradient).
-        weight: ``w`` in [0, 1]; 0 is the task loss alone, 1 distillation alone.
+        weight: ``w`` >= 0; 0 is the task loss alone.
         temperature: ``T`` > 0 of both softmaxes.
     """
 
     def __init__(self, teacher: nn.Module, weight: float, temperature: float = 1.0) -> None:
-        if not 0 <= weight <= 1:
-            raise ValueError(f"distillation weight must be in [0, 1], got {weight}")
+        if not weight >= 0:
+            raise ValueError(f"distillation weight must be >= 0, got {weight}")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.teacher, self.weight, self.temperature = teacher, weight, temperature
@@ -165,7 +167,7 @@ class DistillationLoss:
             return task
         with torch.no_grad():
             teacher_logits, _ = answer_logits(self.teacher, batch)  # (N, V)
-        return (1 - self.weight) * task + self.weight * distillation_kl(logits, teacher_logits, self.temperature)
+        return task + self.weight * distillation_kl(logits, teacher_logits, self.temperature)
 
     count = staticmethod(AnswerTokenLoss.count)
 

@@ -326,7 +326,6 @@ class Pipeline:
             self.table = to_exported_form(self.model)
             yield StageReport("recover", "end", "skipped")
             return
-        yield StageReport("recover", "start", f"{cfg.steps} steps, {cfg.train}")
         if cfg.train == "factors":
             self.table = to_exported_form(self.model)
             params = recovery_parameters(self.model, train_embeddings=cfg.train_embeddings)
@@ -337,6 +336,7 @@ class Pipeline:
             p.requires_grad_(False)
         for p in params:
             p.requires_grad_(True)
+        yield StageReport("recover", "start", f"{cfg.steps} steps, training {cfg.train}")
         hooks = self.dist.sync_gradients(params)
         try:
             yield from self._limit_skips(finetune(
