@@ -1,32 +1,33 @@
-"""How much of each score's ranking of the candidate pool is signal, and how much is probe noise?
+"""Which score ranks bases reproducibly at a given profiling budget, with which curvature source?
 
-    python bench/importance_noise.py --model $BSI_CACHE/finetuned/<hash> --target-ratio 0.25
+    python bench/importance_noise.py --model $BSI_CACHE/finetuned/<hash> --preset default
 
-Opens round 1 of a target-size compression (the candidate pools exactly as the
-engine builds and widens them), then, on ``--batches`` real mini-batches of the
-embedded task, takes the exact gradient with respect to sigma and ``--probes``
-model-scope finite-difference Hessian probes per batch (the engine's default
-estimator). The batches are split into two independent halves A and B (A:
-even batches, B: odd ones, each with its own probes). Each score is computed
-from each half, and the Spearman correlation of the pool's importance between
-A and B (per layer, median over layers) says how reproducible its ranking
-is: 1 is pure signal, 0 pure noise. Only the ranking inside a pool matters to
-the pruning rule, so this is what decides which bases go.
+Opens round 1 of a compression exactly as the engine does (bases, candidate
+pools and their widening from the preset's configuration), then profiles two
+*independent* halves A and B, each of ``--batches-per-half`` mini-batches of
+the task (by default the preset's profiling budget per round), with every
+curvature source asked for (``fisher``, ``mc-fisher``, ``hutchinson``; each
+half draws its own batches and probes). Every score is computed from each
+half, and the Spearman correlation of the pool's importance between A and B
+(per layer, median over layers) says how reproducible the ranking that decides
+the pruning is: 1 is pure signal, 0 pure noise. ``basel`` reads only sigma,
+so its ranking is the same on both halves by construction (shown for
+completeness).
 
-Also printed, per score and probe count: the share of pool bases whose
-importance is negative (the mass rule prunes those first), and the median
-ratio |Hessian term| / |gradient term|. With ``--layer-scope N``, N layers
-are probed one at a time as well (METHOD's per-layer probes: no cross-layer
-terms in the estimate), to show how much of the noise comes from the other
-layers' bases in a joint probe.
+Also printed per row: the share of pool bases with negative importance (the
+mass rule prunes those first), the median ``|curvature term| / |gradient
+term|``, and the cost of one profiling batch relative to one training step,
+both timed in this run.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -35,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from common import real_batches  # noqa: E402
 
-from bsi.config import CompressConfig  # noqa: E402
+from bsi.config import make_config  # noqa: E402
+from bsi.method.curvature import GradientOnly, curvature_source, evaluation_mode  # noqa: E402
 from bsi.method.engine import Compressor  # noqa: E402
-from bsi.method.curvature import evaluation_mode, profile_batch, sigma_gradients  # noqa: E402
-from bsi.pipeline.losses import answer_token_loss  # noqa: E402
-from bsi.method.scores import importance_scores  # noqa: E402
+from bsi.method.scores import SCORES  # noqa: E402
 from bsi.models import load_model_and_tokenizer  # noqa: E402
+from bsi.pipeline.losses import answer_token_loss  # noqa: E402
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -52,121 +53,122 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((ra @ rb).item() / denom) if denom > 0 else float("nan")
 
 
-def half_statistics(grads: list[list[torch.Tensor]], hessians: list[list[list[torch.Tensor]]],
-                    batches: list[int], probes: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Mean gradient and Hessian diagonal per layer over ``batches``, using the first ``probes`` probes of each."""
-    layers = len(grads[0])
-    g = [torch.stack([grads[b][i] for b in batches]).mean(0) for i in range(layers)]
-    h = [torch.stack([hessians[b][p][i] for b in batches for p in range(probes)]).mean(0) for i in range(layers)]
-    return g, h
+def profile_half(compressor, layers, pools, batches, source, generator) -> tuple[list, list | None, float]:
+    """Mean gradient and curvature per layer over ``batches`` with ``source``; and seconds per batch."""
+    grads = [torch.zeros(layer.rank) for layer in layers]
+    curvatures = [torch.zeros(layer.rank) for layer in layers]
+    start = time.perf_counter()
+    for batch in batches:
+        with evaluation_mode(compressor.model):
+            result = source.profile(compressor.model, layers, pools, batch, answer_token_loss, generator)
+        for g, r in zip(grads, result.grads):
+            g += r.cpu() / len(batches)
+        if result.curvatures is not None:
+            for c, r in zip(curvatures, result.curvatures):
+                c += r.cpu() / len(batches)
+    seconds = (time.perf_counter() - start) / len(batches)
+    return grads, (curvatures if result.curvatures is not None else None), seconds
 
 
-def compare_halves(sigmas, pools, grads, hessians, probes: int, score: str, per_half: int | None = None) -> dict:
-    """Spearman A-vs-B per layer, negative share and term ratio for one score, probe and batch count.
-
-    Half A takes the even batches, half B the odd ones; ``per_half`` limits each to its first ones.
-    """
-    n = len(grads)
-    per_half = per_half or n // 2
-    halves = [half_statistics(grads, hessians, list(range(start, n, 2))[:per_half], probes) for start in (0, 1)]
+def compare(sigmas, pools, half_a, half_b, score: str) -> dict:
     corr, negative, ratio = [], [], []
+    s = SCORES[score]
     for i, (sigma, pool) in enumerate(zip(sigmas, pools)):
         if pool.numel() < 3:
             continue
-        scores = [importance_scores(sigma, g[i], h[i], score)[pool] for g, h in halves]
+        scores = []
+        for grads, curvatures in (half_a, half_b):
+            c = curvatures[i] if curvatures is not None and s.needs_curvature else None
+            scores.append(s(sigma, grads[i], c)[pool] if s.needs_gradient else s(sigma)[pool])
         corr.append(spearman(*scores))
         negative.append(float((scores[0] < 0).float().mean()))
-        grad_term = (sigma[pool] * halves[0][0][i][pool]).abs()
-        hess_term = (0.5 * sigma[pool].square() * halves[0][1][i][pool]).abs()
-        ratio.append(float((hess_term / grad_term.clamp(min=1e-30)).median()))
-    return {"score": score, "probes_per_batch": probes, "batches_per_half": per_half, "layers": len(corr),
-            "spearman_median": statistics.median(corr), "negative_share_median": statistics.median(negative),
-            "hessian_over_gradient_term_median": statistics.median(ratio)}
+        if s.needs_curvature:
+            terms = s.terms(sigma, half_a[0][i], half_a[1][i])
+            ratio.append(float((terms["curvature"][pool].abs() / terms["gradient"][pool].abs().clamp(min=1e-30)).median()))
+    return {"spearman_median": statistics.median(corr), "negative_share_median": statistics.median(negative),
+            "curvature_over_gradient_median": statistics.median(ratio) if ratio else None, "layers": len(corr)}
+
+
+def training_step_seconds(compressor, batches) -> float:
+    start = time.perf_counter()
+    for batch in batches:
+        compressor._train_step(batch, 1)
+    return (time.perf_counter() - start) / len(batches)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model spec (the task-fine-tuned model, ideally)")
-    p.add_argument("--target-ratio", type=float, default=0.25)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--batches", type=int, default=16, help="even number: half A and half B")
-    p.add_argument("--probes", type=int, default=1, help="model-scope probes per batch")
-    p.add_argument("--layer-scope", type=int, default=0, help="layers also probed one at a time")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-length", type=int, default=160)
+    p.add_argument("--preset", default="default", help="configuration whose bases, pools and budget are used")
+    p.add_argument("--batches-per-half", type=int, default=None,
+                   help="profiling batches per half (default: the preset's per round)")
+    p.add_argument("--curvatures", default="fisher,mc-fisher,hutchinson")
+    p.add_argument("--probe-scope", default=None, help="hutchinson scope (default: the preset's)")
+    p.add_argument("--probes", type=int, default=1, help="hutchinson probes per batch")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
-    if args.batches < 2 or args.batches % 2:
-        p.error("--batches must be an even number >= 2")
 
     torch.set_num_threads(args.threads)
+    config = make_config(args.preset, {"model": args.model})
+    comp = config.compress
+    per_half = args.batches_per_half or comp.profiling_iters
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=torch.float32)
-    batches = real_batches(tokenizer, args.batch_size, args.max_length, args.batches, seed=123)
-    config = CompressConfig(target_ratio=args.target_ratio, keep_ratio=None, rounds=args.rounds,
-                            iters_per_epoch=8 * args.rounds)
-    compressor = Compressor(model, iter(()), config, answer_token_loss)
+    calibration = real_batches(tokenizer, config.batch_size, config.max_length, comp.calibration_batches, seed=7)
+    profiling = real_batches(tokenizer, config.batch_size, config.max_length, 4 * per_half + 2, seed=123)
+    compressor = Compressor(model, iter(calibration), comp, answer_token_loss)
+    for _ in compressor.convert():
+        pass
     stats = compressor._open_round()
     names = compressor.names
     layers = [compressor.layers[n] for n in names]
     pools = [stats[n].pool for n in names]
     sigmas = [layer.sigma.detach().float().clone() for layer in layers]
-    generator = torch.Generator().manual_seed(0)
-    print(f"{len(layers)} layers, {sum(p.numel() for p in pools):,} pool bases of "
-          f"{sum(layer.rank for layer in layers):,}; eps {compressor.eps:.3g}", file=sys.stderr)
+    print(f"{len(layers)} layers ({comp.bases} bases), {sum(p.numel() for p in pools):,} pool bases of "
+          f"{sum(layer.rank for layer in layers):,}; {per_half} batch(es) per half", file=sys.stderr)
 
-    grads, hessians = [], []
-    for b, batch in enumerate(batches):
+    rows = []
+    train_seconds = None
+    for name in [c.strip() for c in args.curvatures.split(",") if c.strip()]:
+        source = curvature_source(name, eps=compressor.eps, scope=args.probe_scope or comp.probe_scope,
+                                  method=comp.hessian_method, probes=args.probes)
+        generator = torch.Generator().manual_seed(0)
+        half_a = profile_half(compressor, layers, pools, profiling[:per_half], source, generator)
+        half_b = profile_half(compressor, layers, pools, profiling[per_half:2 * per_half], source, generator)
+        for score in ("bsi", "bsi-grad", "basel"):
+            if not SCORES[score].needs_curvature and name != "fisher":
+                continue  # curvature-free scores: once is enough
+            row = {"score": score, "curvature": name if SCORES[score].needs_curvature else "-",
+                   **compare(sigmas, pools, half_a[:2], half_b[:2], score),
+                   "profile_seconds": (half_a[2] + half_b[2]) / 2}
+            rows.append(row)
+        print(f"  {name} done ({row['profile_seconds']:.1f} s per batch)", file=sys.stderr, flush=True)
+    gradient_only = GradientOnly()
+    start = time.perf_counter()
+    for batch in profiling[2 * per_half: 3 * per_half]:
         with evaluation_mode(model):
-            _, g = sigma_gradients(model, layers, batch, answer_token_loss)
-        grads.append([x.detach().clone() for x in g])
-        per_probe = []
-        for _ in range(args.probes):
-            result = profile_batch(model, layers, pools, batch, answer_token_loss, eps=compressor.eps,
-                                   scope="model", generator=generator)
-            per_probe.append([h.clone() for h in result.hessians])
-        hessians.append(per_probe)
-        print(f"  batch {b + 1}/{len(batches)} done", file=sys.stderr, flush=True)
+            gradient_only.profile(model, layers, pools, batch, answer_token_loss, None)
+    gradient_seconds = (time.perf_counter() - start) / per_half
+    train_seconds = training_step_seconds(compressor, profiling[3 * per_half: 4 * per_half])
+    for row in rows:
+        if row["score"] == "bsi-grad":
+            row["profile_seconds"] = gradient_seconds
+        if row["score"] == "basel":
+            row["profile_seconds"] = 0.0
+        row["profile_over_train_step"] = row["profile_seconds"] / train_seconds
 
-    half = args.batches // 2
-    counts = sorted({min(2 ** i, half) for i in range(half.bit_length() + 1)})  # 1, 2, 4, ... batches per half
-    rows = [compare_halves(sigmas, pools, grads, hessians, 1, "bsi-grad", k) for k in counts]
-    rows += [compare_halves(sigmas, pools, grads, hessians, 1, "bsi", k) for k in counts]
-    rows += [compare_halves(sigmas, pools, grads, hessians, k, "bsi") for k in range(2, args.probes + 1)]
-
-    layer_rows = []
-    if args.layer_scope:
-        step = max(1, len(layers) // args.layer_scope)
-        picked = [i for i in range(step // 2, len(layers), step) if pools[i].numel() >= 3][: args.layer_scope]
-        for i in picked:
-            single = []
-            for batch in batches:
-                per_probe = []
-                for _ in range(args.probes):
-                    r = profile_batch(model, [layers[i]], [pools[i]], batch, answer_token_loss, eps=compressor.eps,
-                                      scope="layer", generator=generator)
-                    per_probe.append([r.hessians[0].clone()])
-                single.append(per_probe)
-            joint = [[[probe[i]] for probe in batch_probes] for batch_probes in hessians]
-            g_single = [[g[i]] for g in grads]
-            for label, h in (("model scope", joint), ("layer scope", single)):
-                row = compare_halves([sigmas[i]], [pools[i]], g_single, h, args.probes, "bsi")
-                layer_rows.append({"layer": names[i], "probe": label, **row})
-            print(f"  layer {names[i]} done", file=sys.stderr, flush=True)
-
-    print("| score | batches per half | probes per batch | Spearman A vs B (median over layers) | "
-          "negative share | abs(Hessian term) / abs(gradient term) |\n|---|---|---|---|---|---|")
+    print(f"\nProfiling budget: {per_half} batch(es) of {config.batch_size} per half; training step "
+          f"{train_seconds:.2f} s.\n")
+    print("| score | curvature | Spearman A vs B (median over layers) | negative share | "
+          "curvature term / gradient term | profiling batch / training step |\n|---|---|---|---|---|---|")
     for r in rows:
-        probes = "-" if r["score"] == "bsi-grad" else r["probes_per_batch"]
-        print(f"| {r['score']} | {r['batches_per_half']} | {probes} | {r['spearman_median']:.2f} | "
-              f"{r['negative_share_median']:.0%} | {r['hessian_over_gradient_term_median']:.3g} |")
-    if layer_rows:
-        print("\n| layer | probe | Spearman A vs B (bsi) | negative share |\n|---|---|---|---|")
-        for r in layer_rows:
-            print(f"| {r['layer']} | {r['probe']} | {r['spearman_median']:.2f} | {r['negative_share_median']:.0%} |")
+        ratio = "-" if r["curvature_over_gradient_median"] is None else f"{r['curvature_over_gradient_median']:.3g}"
+        print(f"| {r['score']} | {r['curvature']} | {r['spearman_median']:.2f} | {r['negative_share_median']:.0%} | "
+              f"{ratio} | {r['profile_over_train_step']:.2f}x |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": args.model, "args": vars(args), "rows": rows,
-                                               "layer_rows": layer_rows}, indent=2), encoding="utf-8")
+        Path(args.json).write_text(json.dumps({"model": args.model, "args": vars(args),
+                                               "compress": dataclasses.asdict(comp), "rows": rows,
+                                               "train_step_seconds": train_seconds}, indent=2), encoding="utf-8")
     return 0
 
 
