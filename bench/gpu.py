@@ -159,8 +159,11 @@ def bench_train(args) -> dict:
 
     stream = batches()
     start = time.perf_counter()
-    config = CompressConfig(keep_ratio=0.5, rounds=4, iters_per_epoch=40, aux_rank=8)
+    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=4, iters_per_epoch=40, aux_rank=8, bases="svd",
+                            curvature="hutchinson", probe_scope="model")
     compressor = Compressor(model, stream, config, lm_loss, compute_dtype=torch.bfloat16)
+    for _ in compressor.convert():
+        pass
     convert_s = time.perf_counter() - start
     torch.cuda.reset_peak_memory_stats()
     memory = {"after_conversion_gib": torch.cuda.memory_allocated() / 2**30}
@@ -221,8 +224,10 @@ def bench_throughput(args) -> dict:
     for model in (dense, basel):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     dense_step = dense_train_step(dense)
-    config = CompressConfig(keep_ratio=0.5, rounds=4, iters_per_epoch=40, aux_rank=8)
+    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=4, iters_per_epoch=40, aux_rank=8, bases="svd")
     compressor = Compressor(basel, iter(()), config, lm_loss, compute_dtype=torch.bfloat16)
+    for _ in compressor.convert():
+        pass
 
     def pair() -> dict:
         t = interleave({"dense_finetune": lambda i: synchronized(lambda: dense_step(batch)),

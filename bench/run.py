@@ -47,7 +47,7 @@ from bsi.method.engine import Compressor  # noqa: E402
 from bsi.method.curvature import profile_batch  # noqa: E402
 from bsi.pipeline.losses import answer_token_loss  # noqa: E402
 from bsi.method.layers import BasisLinear  # noqa: E402
-from bsi.method.surgery import basis_layers, compressible_parameters, model_parameters, to_exported_form  # noqa: E402
+from bsi.method.surgery import to_basis_form, basis_layers, compressible_parameters, model_parameters, to_exported_form  # noqa: E402
 
 SECTIONS = ("profiling", "throughput", "inference", "memory", "preset")
 
@@ -58,8 +58,11 @@ def basel_model(dense: nn.Module, aux_rank: int = 8) -> tuple[nn.Module, Compres
     import copy
 
     model = copy.deepcopy(dense)
-    config = CompressConfig(aux_rank=aux_rank, keep_ratio=0.6, rounds=4, iters_per_epoch=48)
+    config = CompressConfig(aux_rank=aux_rank, size_mode="keep", keep_ratio=0.6, rounds=4, iters_per_epoch=48,
+                            bases="svd", curvature="hutchinson", probe_scope="model")
     compressor = Compressor(model, iter(()), config, answer_token_loss)
+    for _ in compressor.convert():  # plain SVD bases: no calibration batches needed
+        pass
     return model, compressor, []
 
 
@@ -207,7 +210,7 @@ def low_rank_copy(dense: nn.Module, ratio: float, aux_rank: int = 8) -> nn.Modul
     import copy
 
     model = copy.deepcopy(dense)
-    Compressor(model, iter(()), CompressConfig(aux_rank=aux_rank), answer_token_loss)
+    to_basis_form(model, aux_rank=aux_rank)
     for layer in basis_layers(model).values():
         k = int(layer.dense_parameters() / (ratio * (layer.in_features + layer.out_features))) - aux_rank
         layer.keep(torch.arange(max(1, min(k, layer.rank))))
@@ -269,7 +272,8 @@ def memory_worker(kind: str, batch_size: int, max_length: int, steps: int) -> No
         for b in batches:
             step(b)
     elif kind == "compress":  # training steps then profiling steps and one pruning, as a round does
-        config = CompressConfig(aux_rank=8, keep_ratio=0.6, rounds=1, iters_per_epoch=steps, sampling_ratio=0.5)
+        config = CompressConfig(aux_rank=8, size_mode="keep", keep_ratio=0.6, rounds=1, iters_per_epoch=steps,
+                                sampling_ratio=0.5, bases="svd")
         for _ in Compressor(dense, iter(batches), config, answer_token_loss).run():
             pass
     peak = peak_rss_mib()

@@ -181,3 +181,41 @@ def test_recovery_trains_exactly_the_parameters_it_says(train, isolated_cache):
     else:
         assert all(n.rsplit(".", 1)[1] in BasisLinear.TRAINABLE_PARAMETERS for n in trainable)
     assert any(isinstance(m, LowRankLinear) for m in pipeline.model.modules())  # exported either way
+
+
+def test_curvature_term_in_bf16_is_within_ten_percent_of_float32_with_the_same_probes():
+    """sigma and its perturbation stay fp32 inside the layer, so finite differences survive bf16 compute."""
+    import copy
+
+    from bsi.method.curvature import Hutchinson
+    from bsi.method.scores import eps_rule
+
+    base = make_tiny_llama()
+    batch = next(token_batches(batch=4, length=24))
+    terms = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = copy.deepcopy(base).to(dtype)
+        layers = list(to_basis_form(model, aux_rank=0).values())
+        eps = eps_rule(max(float(layer.sigma.max()) for layer in layers), torch.bfloat16)  # the bf16 rule: 0.1
+        source = Hutchinson(eps=eps, scope="model", method="fd", probes=4)
+        result = profile_batch(model, layers, [torch.arange(layer.rank) for layer in layers], batch, lm_loss,
+                               source=source, generator=torch.Generator().manual_seed(3))
+        terms[dtype] = torch.cat([0.5 * layer.sigma.detach().float() ** 2 * h
+                                  for layer, h in zip(layers, result.curvatures)])
+    error = float((terms[torch.bfloat16] - terms[torch.float32]).norm() / terms[torch.float32].norm())
+    assert error < 0.10
+
+
+def test_half_precision_finite_differences_at_a_tiny_eps_switch_to_exact_products_and_say_so():
+    model = make_tiny_llama().to(torch.bfloat16)
+    config = CompressConfig(curvature="hutchinson", hessian_method="fd", eps=1e-3, bases="svd", rounds=1,
+                            iters_per_epoch=4, sampling_ratio=0.5)
+    compressor = Compressor(model, token_batches(), config, lm_loss)
+    for _ in compressor.convert():
+        pass
+    assert compressor.source.method == "hvp" and "hvp" in compressor.notes[0]
+    fine = Compressor(make_tiny_llama().to(torch.bfloat16), token_batches(),
+                      CompressConfig(curvature="hutchinson", hessian_method="fd", bases="svd"), lm_loss)
+    for _ in fine.convert():
+        pass
+    assert fine.source.method == "fd" and not fine.notes  # the rule's eps (0.1) is safe in bf16

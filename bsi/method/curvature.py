@@ -84,6 +84,28 @@ def evaluation_mode(model: nn.Module):
 
 
 @contextmanager
+def eager_attention(model: nn.Module):
+    """Run the block with eager attention: double backward through SDPA or flash kernels fails.
+
+    Uses ``model.set_attn_implementation`` (transformers >= 5); the previous
+    implementation is restored afterwards. A model without an attention
+    config (a plain ``nn.Module``) is left as it is.
+    """
+    config = getattr(model, "config", None)
+    previous = getattr(config, "_attn_implementation", None)
+    if config is None or previous in (None, "eager"):
+        yield model
+        return
+    if not hasattr(model, "set_attn_implementation"):
+        raise BSIError(f"cannot switch {type(model).__name__} to eager attention; load it with attn_implementation='eager'")
+    model.set_attn_implementation("eager")
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(previous)
+
+
+@contextmanager
 def shifted_sigma(layers: Sequence[BasisLinear], deltas: Sequence[torch.Tensor | None]):
     """Temporarily evaluate at ``sigma + delta`` for each layer (None: unchanged).
 
@@ -142,7 +164,7 @@ def exact_hessian(model: nn.Module, layer: BasisLinear, batch: dict, loss_fn: Lo
     checked against.
     """
     positions = torch.as_tensor(positions, dtype=torch.long)
-    with evaluation_mode(model):
+    with evaluation_mode(model), eager_attention(model):
         loss = loss_fn(model, batch)
         (grad,) = torch.autograd.grad(loss, [layer.sigma], create_graph=True)
         columns = []
@@ -176,7 +198,8 @@ class Hutchinson:
 
     def profile(self, model, layers, pools, batch, loss_fn, generator) -> ProfileResult | None:
         if self.method == "hvp":
-            return _profile_hvp(model, layers, pools, batch, loss_fn, self.scope, self.probes, generator)
+            with eager_attention(model):
+                return _profile_hvp(model, layers, pools, batch, loss_fn, self.scope, self.probes, generator)
         if self.center == "average" and self.scope == "model":
             return _profile_fd_averaged_center(model, layers, pools, batch, loss_fn, self.eps, self.probes, generator)
         loss, grads = sigma_gradients(model, layers, batch, loss_fn)
