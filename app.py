@@ -1,7 +1,7 @@
 """The live compression studio: ``python app.py`` (or ``make app``), then open the printed address.
 
 Tabs: Compress (run BSI and watch each step and round), Inspect (every
-basis' sigma, gradient and Hessian terms and importance), Spectra (exact
+basis' sigma, the score's terms and importance), Spectra (exact
 Hessian spectrum of a layer, power-law fit, probes-needed calculator), Chat
 (the compressed model next to the original) and Compare (a sweep's accuracy
 against size). The app binds 127.0.0.1 and shares nothing publicly unless
@@ -35,10 +35,14 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     from bsi.app import build_app
     from bsi.app.compress import MAX_UPLOAD_BYTES
+    from bsi.app.layout import startup_lines
 
     demo = build_app(preset=args.preset, sweep_dir=args.sweep_dir)
+    # quiet: Gradio's own lines would suggest `share=True in launch()`; the app's switch is --share
     demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share,
-                        max_file_size=MAX_UPLOAD_BYTES)
+                        max_file_size=MAX_UPLOAD_BYTES, quiet=True, prevent_thread_lock=True)
+    print("\n".join(startup_lines(demo.local_url, demo.share_url)), flush=True)
+    demo.block_thread()  # until Ctrl-C
 
 
 if __name__ == "__main__":
