@@ -6,7 +6,8 @@ Screenshots go to ``artifacts/`` (git-ignored) as test artifacts:
 
 * ``compress-running.png``: the Compress tab once a round has streamed in;
 * ``compress-done.png``: the finished run (loss curve, parameters, rank heatmap, log);
-* ``inspect.png``: round 2 of the first layer, figure and sortable table;
+* ``inspect.png``: round 2 of the first layer, figure and sortable table (its
+  importance and status columns inside the window);
 * ``chat.png``: both models' replies side by side with their sizes.
 """
 
@@ -62,6 +63,13 @@ def test_browser_start_inspect_chat(app_url):
             expect(table).to_contain_text("importance")
             expect(table).to_contain_text("status")
             expect(table).to_contain_text("protected")
+            viewport = page.viewport_size["width"]
+            for header in ("importance", "status"):  # the columns fit: nothing to scroll sideways for
+                right = table.evaluate(
+                    """(root, name) => Math.max(...[...root.querySelectorAll('*')]
+                        .filter(e => e.children.length === 0 && e.textContent.trim() === name)
+                        .map(e => e.getBoundingClientRect()).filter(r => r.width > 0).map(r => r.right))""", header)
+                assert 0 < right <= viewport, (header, right)
             page.screenshot(path=str(ARTIFACTS / "inspect.png"), full_page=True)
 
             page.get_by_role("tab", name="Chat").click()

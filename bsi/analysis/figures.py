@@ -79,7 +79,7 @@ def params_figure(rounds: Sequence[Any], params_before: int | None = None,
     fig.add_trace(go.Scatter(x=xs, y=[comp0] + [r.params_compressible for r in rounds],
                              name="compressible layers", mode="lines+markers", hovertemplate=hover))
     fig.update_xaxes(dtick=1)
-    fig.update_yaxes(tickformat=".3s", rangemode="tozero")
+    fig.update_yaxes(tickformat=".3~s", rangemode="tozero")
     return fig
 
 
