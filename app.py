@@ -19,7 +19,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
-    parser.add_argument("--preset", default="default", help="preset the form starts from: default (embedded model) or smoke (tiny model)")
+    from bsi.config import PRESETS  # light: no torch
+
+    parser.add_argument("--preset", default="default", choices=list(PRESETS),
+                        help="preset the form starts from: default (embedded model) or smoke (tiny model, seconds)")
     parser.add_argument("--sweep-dir", default="runs/sweep", help="folder the Compare tab proposes")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     return parser.parse_args(argv)
@@ -33,10 +36,13 @@ def main(argv=None) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
     from bsi.app import build_app
     from bsi.app.compress import MAX_UPLOAD_BYTES
     from bsi.app.layout import startup_lines
 
+    hf_logging.disable_progress_bar()  # the app shows progress itself; the console stays readable
     demo = build_app(preset=args.preset, sweep_dir=args.sweep_dir)
     # quiet: Gradio's own lines would suggest `share=True in launch()`; the app's switch is --share
     demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share,

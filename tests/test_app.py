@@ -324,6 +324,9 @@ def test_chat_replies_with_text():
     *_, (history, other) = chat.respond(session, "hi", max_new_tokens=16)
     assert other == [] and history[1]["content"] not in ("", chat.EMPTY_REPLY)
     assert chat.TINY_NOTE not in chat.sizes_text(session)  # no source recorded: no claim about it
+    conversation = session.chats["compressed"]
+    conversation.history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " \n "}]
+    assert chat._history(conversation)[1]["content"] == chat.EMPTY_REPLY  # a blank reply is said, not shown empty
 
 
 # ------------------------------------------------------------------ spectra

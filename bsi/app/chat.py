@@ -78,7 +78,7 @@ def load_folder(session: Session, folder: str) -> str:
 def _history(chat: ChatSession | None, pending: tuple[str, str] | None = None, empty: str = EMPTY_REPLY) -> list[dict]:
     messages = [dict(m) for m in chat.history] if chat is not None else []
     for m in messages:
-        if m["role"] == "assistant" and not m["content"]:
+        if m["role"] == "assistant" and not m["content"].strip():  # nothing visible: say so
             m["content"] = empty
     if pending is not None:
         messages += [{"role": "user", "content": pending[0]}, {"role": "assistant", "content": pending[1]}]

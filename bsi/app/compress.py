@@ -465,7 +465,7 @@ def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visito
         try:
             return compute_eps_rule(Form(*values))
         except BSIError as err:
-            return f"Error: {err}"
+            return f"Error: {in_app_words(str(err), LABELS)}"
 
     eps_button.click(on_eps, form, eps_text, concurrency_limit=1)
     visitors = Visitors() if visitors is None else visitors

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from bsi.app.format import in_app_words, number_text
+from bsi.app.format import in_app_words, number_text, significant
 from bsi.errors import BSIError
 
 
@@ -126,7 +126,7 @@ def render(session_state, form_components, visitors=None):
         k = gr.Slider(2, 128, value=16, step=1, label="k (top sigmas)")
         examples = gr.Slider(1, 16, value=4, step=1, label="examples in the batch")
         compute_button = gr.Button("Compute spectrum", variant="primary")
-    status = gr.Markdown()
+    status = gr.Markdown(elem_id="spectra-status")
     figure = gr.Plot(spectrum_figure(None), label="Spectrum")
     gr.Markdown("#### Probes needed: s > 2 (|l1|^2 H_{n,2a} / (Tr(H)^2/n) - 1) ln(2n/delta) / e^2 "
                 "(computing a spectrum fills in its values)")
@@ -137,7 +137,7 @@ def render(session_state, form_components, visitors=None):
         trace = gr.Number(value=10.0, label="Tr(H)")
         e = gr.Number(value=0.1, label="relative error e")
         delta = gr.Number(value=0.05, label="delta")
-    answer = gr.Markdown(calculator_text(128, 1.0, 1.0, 10.0, 0.1, 0.05))
+    answer = gr.Markdown(calculator_text(128, 1.0, 1.0, 10.0, 0.1, 0.05), elem_id="spectra-answer")
     calc_inputs = [n, a, lambda1, trace, e, delta]
     for component in calc_inputs:
         component.change(calculator_text, calc_inputs, answer)
@@ -161,8 +161,8 @@ def render(session_state, form_components, visitors=None):
         except BSIError as err:
             return (f"**Error:** {in_app_words(str(err))}", gr.skip(), *[gr.skip()] * 4)
         spectrum = result.layers[0]
-        return (spectrum_text(result), spectrum_figure(result), spectrum.k, round(spectrum.fit.alpha, 4),
-                spectrum.lambda_1, spectrum.trace)
+        return (spectrum_text(result), spectrum_figure(result), spectrum.k, significant(spectrum.fit.alpha),
+                significant(spectrum.lambda_1), significant(spectrum.trace))
 
     compute_button.click(on_compute, [session_state, layer, k, examples, *form_components],
                          [status, figure, n, a, lambda1, trace], concurrency_limit=1)
