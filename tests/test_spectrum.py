@@ -10,7 +10,7 @@ from bsi.method import theory
 from bsi.cli import main
 from bsi.errors import BSIError
 from bsi.data import BatchStream, load_task
-from bsi.method.curvature import hessian_vector_product, profile_batch, sigma_gradients
+from bsi.method.curvature import eager_attention, hessian_vector_product, profile_batch, sigma_gradients
 from bsi.method.layers import BasisLinear
 from bsi.models import build_tiny_model, load_model_and_tokenizer
 from bsi.method.surgery import to_basis_form
@@ -94,7 +94,7 @@ def test_measured_layer_hessian_matches_finite_differences_and_puts_the_layer_ba
     name = "model.layers.1.mlp.down_proj"
     before = model.get_submodule(name)
     flags = [p.requires_grad for p in model.parameters()]
-    with spectrum.measured_layers(model, [name]) as (layer,), spectrum.eager_attention(model):
+    with spectrum.measured_layers(model, [name]) as (layer,), eager_attention(model):
         assert isinstance(layer, BasisLinear) and model.get_submodule(name) is layer
         assert model.config._attn_implementation == "eager"
         _, hessian = spectrum.layer_hessian(model, layer, batch, answer_token_loss, torch.arange(6))

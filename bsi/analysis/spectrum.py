@@ -17,7 +17,7 @@ only while it is measured (:func:`measured_layers`, through
 
 Double backward needs a differentiable attention kernel, so the model is
 switched to eager attention while the spectrum runs
-(:func:`eager_attention`), and switched back afterwards.
+(:func:`bsi.method.curvature.eager_attention`), and switched back afterwards.
 
 Per layer it reports the eigenvalues sorted by magnitude, a least-squares
 power-law fit on log-log axes, the envelope check, ``|lambda_1|``, the trace,
@@ -52,7 +52,7 @@ from torch import nn
 
 from bsi.analysis.figures import spectrum_figure  # re-exported: the figure's home is bsi.analysis.figures
 from bsi.errors import BSIError
-from bsi.method.curvature import exact_hessian
+from bsi.method.curvature import eager_attention, exact_hessian
 from bsi.method.layers import BasisLinear
 from bsi.method.surgery import basis_form, tied_output_names
 from bsi.method.theory import probes_needed
@@ -172,28 +172,6 @@ def measured_layers(model: nn.Module, names: Sequence[str]) -> Iterator[list[Bas
 def top_positions(sigma: torch.Tensor, k: int) -> torch.Tensor:
     """(min(k, r),) int64 positions of the k largest ``|sigma|``, largest first."""
     return torch.argsort(sigma.detach().abs(), descending=True)[: min(k, sigma.numel())].cpu()
-
-
-@contextmanager
-def eager_attention(model: nn.Module) -> Iterator[nn.Module]:
-    """Run the block with eager attention (double backward through SDPA/flash kernels fails).
-
-    Uses ``model.set_attn_implementation`` (transformers >= 5); the previous
-    implementation is restored afterwards. A model without an attention
-    config (a plain ``nn.Module``) is left as it is.
-    """
-    config = getattr(model, "config", None)
-    previous = getattr(config, "_attn_implementation", None)
-    if config is None or previous in (None, "eager"):
-        yield model
-        return
-    if not hasattr(model, "set_attn_implementation"):
-        raise BSIError(f"cannot switch {type(model).__name__} to eager attention; load it with attn_implementation='eager'")
-    model.set_attn_implementation("eager")
-    try:
-        yield model
-    finally:
-        model.set_attn_implementation(previous)
 
 
 # ------------------------------------------------------------- the Hessian

@@ -115,7 +115,8 @@ def render(session_state):
                 "measured (the gradient g; the curvature h, estimated over the candidate pool only, so blank "
                 "outside it), the score's terms (`-sigma*g`, `0.5*sigma^2*h`, or `|sigma|` for basel) and their "
                 "sum, the importance. *protected* bases were outside the candidate pool; *pruned* ones were "
-                "removed. Click a column header to sort; the CSV has full precision.")
+                "removed. Click a column header to sort; the CSV has full precision. The scores are explained in "
+                "`docs/method.md` (section 3).")
     with gr.Row():
         round_choice = gr.Dropdown([], label="Round", elem_id="inspect-round", interactive=True)
         layer_choice = gr.Dropdown([], label="Layer", elem_id="inspect-layer", interactive=True)

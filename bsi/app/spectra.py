@@ -119,7 +119,8 @@ def render(session_state, form_components, visitors=None):
                 "backward, one mini-batch), its |eigenvalues| on log-log axes with a least-squares power law, "
                 "and the number of Hutchinson probes the sample-complexity bound asks for. The model is the last "
                 "run's dense model, else the one chosen in the Compress tab. Each of the k columns is one second "
-                "backward pass: layers of the last blocks are the quickest.")
+                "backward pass: layers of the last blocks are the quickest. `docs/curvature.md` explains the "
+                "quantities.")
     with gr.Row():
         list_button = gr.Button("List layers", size="sm")
         layer = gr.Dropdown([], label="Layer", interactive=True)
