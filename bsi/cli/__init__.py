@@ -55,7 +55,8 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "(default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+        optional = action.option_strings or action.nargs in ("?", "*")
+        if "(default" in text or action.default is argparse.SUPPRESS or not optional:
             return text
         if action.required:
             return f"{text} (required)"

@@ -174,7 +174,8 @@ def load_compressed(
         model.generation_config = GenerationConfig.from_pretrained(path)
     model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
     model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").exists() else None
+    # given the original config, the tokenizer never reads config.json (whose code bsi does not run)
+    tokenizer = AutoTokenizer.from_pretrained(path, config=base) if (path / "tokenizer_config.json").exists() else None
     return model, tokenizer
 
 
