@@ -53,8 +53,8 @@ class NotebookSettings:
     Notebooks 01, 02 and 04 study single layers on a few batches (the sizes
     below). Notebooks 03 and 05 run the pipeline from a preset of
     :data:`bsi.config.PRESETS` (``preset``, ``sweep_preset``), with only the
-    amount of work cut (``work``, ``sweep_work``: fewer pruning iterations
-    and test questions), never the method's settings. The embedded values
+    amount of work cut (``work``, ``sweep_work``: fewer test questions and
+    calibration batches), never the method's settings. The embedded values
     are chosen so each notebook runs in a few minutes on two CPU cores; the
     tiny values so that all of them run in about a minute.
     """
@@ -73,8 +73,7 @@ class NotebookSettings:
     spectrum_k: int = 32  # notebook 04: size of each layer's exact Hessian block
     spectrum_layers: int = 3  # notebook 04: layers whose spectrum is computed
     preset: str = "default"  # notebook 03's run
-    work: dict = field(default_factory=lambda: {
-        "eval_examples": 16, "compress": {"iters_per_epoch": 16, "calibration_batches": 8}})
+    work: dict = field(default_factory=lambda: {"eval_examples": 16})
     sweep_preset: str = "sweep-cpu"  # notebook 05's runs (the same stage 1 as ``preset``, so its cache is shared)
     sweep_work: dict = field(default_factory=lambda: {"eval_examples": 16, "compress": {"calibration_batches": 8}})
     sweep_targets: tuple[float, ...] = (0.6,)  # notebook 05: target sizes (bsi sweep runs the full grid)

@@ -170,7 +170,8 @@ for label, e in estimates.items():
 # Reading it: Hutchinson is unbiased, so its error is pure noise and falls with
 # more probes; the two Fisher sources are never negative and cost (almost)
 # nothing, but estimate the Gauss-Newton part of the Hessian, not the Hessian:
-# where the loss is not at a minimum in sigma the two differ. Why one Hutchinson
+# where the loss is not at a minimum in sigma the two differ (`docs/curvature.md`
+# compares the sources on many layers, with their costs). Why one Hutchinson
 # probe is noisy: `z_i (H z)_i = H_ii + sum_{j != i} H_ij z_i z_j`. The cross terms
 # average to zero over random signs, but each probe carries them, so the variance
 # of one probe is `sum_{j != i} H_ij^2`: the **off-diagonal** mass of the Hessian.
@@ -264,7 +265,7 @@ for gamma in (0.5, 1.0, 2.0, 4.0):
 
 # %% [markdown]
 # In size mode `target` the engine widens a round's pools when they are too small
-# to meet its parameter budget; this layer's pool is plenty for one round.
+# to meet its parameter budget (`bsi.method.schedule.widen_pools`).
 #
 # ## 5. The scores' terms, and what each one prunes
 #
@@ -360,6 +361,11 @@ fig.show()
 for i, m in zip(check, measured_change.tolist()):
     print(f"basis {i:>4}: sigma {sigma[i]:8.4f}  predicted {scores['bsi'][i]: .2e}  "
           f"(gradient only {scores['bsi-grad'][i]: .2e})  measured {m: .2e}  [{category(i)}]")
+
+# %% [markdown]
+# The curvature term is only as good as the source's estimate of the diagonal
+# (section 2): where a source overestimates it, the second-order correction moves
+# the prediction away from the measurement instead of towards it.
 
 # %%
 prediction_error = {s: float((scores[s][check] - measured_change).abs().mean()) for s in ("bsi", "bsi-grad")}

@@ -6,8 +6,8 @@
 # Notebooks 01 and 02 took one layer apart. Here the engine runs for real on the
 # whole model: the three-stage pipeline (task fine-tune, compress, recover),
 # driven stage by stage from this notebook with the library's `default` preset
-# (only fewer pruning iterations and test questions, so that it runs in a few
-# minutes on a CPU). We watch
+# (only with fewer test questions, so that it runs in a few minutes on a CPU).
+# We watch
 #
 # * the parameter budget of each round, and what each cut costs on a fixed batch;
 # * each layer's rank, round by round, and which layers lose the most;
@@ -150,9 +150,11 @@ for report in pipeline.compress():
               f"{report.elapsed:.0f} s")
 
 # %% [markdown]
-# Every cut raises the loss on the fixed batch (`loss_before` -> `loss_after`);
-# the tuning steps of the next round bring it back down before the next cut,
-# which is why the method prunes gradually.
+# The bars show what each cut cost on the same fixed batch (`loss_before` ->
+# `loss_after`). Between two cuts the tuning steps of the next round adapt sigma
+# and the auxiliary vectors to the bases that are left: compare a round's
+# "before" with the previous round's "after" to see what they won back. This is
+# why the method prunes gradually rather than all at once.
 
 # %%
 fig = make_subplots(rows=1, cols=2, subplot_titles=("loss per iteration", "loss on the fixed batch at each cut"))
