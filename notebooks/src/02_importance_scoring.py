@@ -48,8 +48,7 @@ hf_logging.disable_progress_bar()  # no loading bars between the results
 settings = notebook_settings()
 config = settings.pipeline_config().compress  # the pruning settings notebook 03 runs with
 start = time.perf_counter()
-# eager attention: the exact Hessian below needs double backward, which fused attention kernels lack
-model, tokenizer = load_model_and_tokenizer(settings.model, attn_implementation="eager")
+model, tokenizer = load_model_and_tokenizer(settings.model)
 task = load_task("embedded-math", test_size=settings.test_size)
 stream = BatchStream(task.train, tokenizer, batch_size=settings.profile_batch_size, max_length=settings.max_length,
                      seed=2)
@@ -116,7 +115,9 @@ display(Markdown(doc_markdown(bsi.method.curvature)))
 # To compare, we take a probe set of a few bases spread over this layer's
 # candidate pool (section 4 explains the pool) and compute, on each profiling
 # batch, the exact Hessian over them (`bsi.method.curvature.exact_hessian`,
-# `k` double backwards) and each source's estimate with the probe set as its
+# `k` double backwards, which switch the model to eager attention while they
+# run: fused attention kernels have no double backward) and each source's
+# estimate with the probe set as its
 # pool. Hutchinson draws `settings.probes` Rademacher probes per batch with the
 # perturbation intensity of the method's rule for float32 (with bsi's floor,
 # `eps_floor`): `eps = max(min(2^-(f+1) sigma_max / alpha, eps_max), eps_floor)`,

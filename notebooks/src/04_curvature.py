@@ -51,7 +51,7 @@ display(Markdown(doc_markdown(bsi.method.theory)))
 hf_logging.disable_progress_bar()  # no loading bars between the results
 settings = notebook_settings()
 start = time.perf_counter()
-model, tokenizer = load_model_and_tokenizer(settings.model, attn_implementation="eager")
+model, tokenizer = load_model_and_tokenizer(settings.model)
 task = load_task("embedded-math", test_size=settings.test_size)
 stream = BatchStream(task.train, tokenizer, batch_size=settings.batch_size, max_length=settings.max_length, seed=4)
 batches = [next(stream) for _ in range(2)]
