@@ -87,6 +87,14 @@ class DistContext:
             return torch.device("cuda", self.local_rank)
         return requested
 
+    def all_true(self, flag: bool) -> bool:
+        """True when ``flag`` is true on every process (each passes its own); e.g. "every process sees the cache"."""
+        if not self.enabled:
+            return flag
+        device = torch.device("cuda", self.local_rank) if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+        votes = self.reduce(torch.tensor([float(flag)], device=device))
+        return int(votes.item()) == self.world_size
+
     def barrier(self) -> None:
         if self.enabled:
             torch.distributed.barrier()
