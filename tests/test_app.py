@@ -1,4 +1,4 @@
-"""The dashboard: handlers and plot builders called directly, then a real server.
+"""The dashboard: formatting helpers, handlers and figure builders called directly, then a real server.
 
 Everything runs on the tiny random Llama with the smoke preset (seconds).
 """
@@ -6,31 +6,44 @@ Everything runs on the tiny random Llama with the smoke preset (seconds).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
-import threading
+import os
+import socket
+import subprocess
+import sys
+import time
 from dataclasses import astuple
+from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
 from conftest import smoke_app
 import torch
 
-from bsi.app import chat, compare, inspect, plots, spectra
-from bsi.app.compress import Form, build_config, cancel_job, eps_rule_text, run_job, sigma_max_of, validate_upload
-from bsi.app.state import JobBoard, Session
-from bsi.config import make_config
+from bsi.analysis import figures
+from bsi.app import chat, compare, inspect, spectra
+from bsi.app.compress import KNOBS, RATIOS, Form, build_config, checkpoint_progress, eps_rule_text, validate_upload
+from bsi.app.format import in_app_words, number_text, significant
+from bsi.app.job import cancel_job, run_job
+from bsi.app.layout import startup_lines
+from bsi.app.state import JobBoard, LoadedModel, Session
+from bsi.config import CompressConfig, PRESETS, RecoverConfig, field_help, make_config
 from bsi.errors import BSIError
-from bsi.pipeline.losses import answer_token_loss
+from bsi.method import theory
 from bsi.method.scores import eps_rule
+from bsi.method.surgery import sigma_max
 from bsi.models import load_model_and_tokenizer
+from bsi.reports import LayerRound, RoundReport
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def finished():
     """One smoke run through the job generator, shared by the tests that read its results."""
-    import os
     import tempfile
 
     cache = tempfile.mkdtemp(prefix="bsi-app-cache-")
@@ -48,73 +61,105 @@ def finished():
     return session, board, views
 
 
-# ------------------------------------------------------------------ compress
-def test_job_streams_rounds_and_frees_the_board(finished):
-    session, board, views = finished
-    assert views[-1].status.startswith("**Done**"), views[-1].status
-    assert [r.round for r in session.rounds] == [1, 2]
-    seen = {tuple(v.rounds) for v in views}
-    assert (1,) in seen and (1, 2) in seen  # each round reached the UI as it finished
-    assert not board.busy and not session.running
-    assert session.compressed.params < session.original.params  # the chat models are in place
-    assert session.summary["params_after"] == session.compressed.params
-    # the figures hold what the session recorded
-    last = views[-1]
-    assert len(last.ranks.data[0].z) == len(session.rounds[0].layers)
-    assert len(last.ranks.data[0].z[0]) == 3  # before, round 1, round 2
-    assert last.params.data[0].y[-1] == session.rounds[-1].params_total
-    stages = {t.name for t in last.loss.data}
-    assert {"train", "profile", "recover"} <= stages
-    assert "eps used" in last.eps_text
+# ------------------------------------------------------------------ formatting
+def test_numbers_have_four_significant_figures():
+    assert significant(0.000123456) == 0.0001235
+    assert significant(-98765.4321) == -98770.0
+    assert significant(1.23456789e-9) == pytest.approx(1.235e-9, rel=1e-12)
+    assert significant(None) is None and significant(0.0) == 0.0 and math.isnan(significant(float("nan")))
+    assert number_text(0.000123456) == "0.0001235"
+    assert number_text(2.0 / 3.0) == "0.6667"
+    assert number_text(1.23456789e-7) == "1.235e-07"
+    assert number_text(1234567) == "1,234,567" and number_text(1234567.0) == "1,234,567"
+    assert number_text(None) == "" and number_text(5.0) == "5"
 
 
-def test_busy_board_refuses_a_second_job():
-    board = JobBoard()
-    assert board.try_acquire("someone else's job")
-    views = list(run_job(board, Session(), Form.for_preset("smoke")))
-    assert len(views) == 1 and "Busy" in views[0].status and "someone else's job" in views[0].status
-    board.release()
-    assert not board.busy
+def test_messages_speak_the_apps_language():
+    message = "output directory '/x' is a file; pass a folder path to --out"
+    assert in_app_words(message) == "output directory '/x' is a file; pass a folder path to 'Save to folder'"
+    assert "--" not in in_app_words("cannot write under '/proc'; choose a writable --out folder")
+    assert in_app_words("no checkpoint here; start with --resume or --max-length 9") == \
+        "no checkpoint here; start with Resume or the maximum length 9"
+    assert in_app_words("target_ratio must be in (0, 1], got 1.5", {"target_ratio": "Target ratio"}) == \
+        "Target ratio must be in (0, 1], got 1.5"
+    assert in_app_words("limit max_skipped_batches=20", {"max_skipped_batches": "Skips"}) == "limit Skips = 20"
+    labels = {"gamma": "gamma (pool exponent)"}
+    once = in_app_words("gamma must be > 0", labels)
+    assert once == "gamma (pool exponent) must be > 0" and in_app_words(once, labels) == once
 
 
-def test_bad_form_is_reported_before_taking_the_board():
-    board = JobBoard()
+# ------------------------------------------------------------------ the form
+def test_form_is_built_from_the_config_fields():
+    sections = {"compress": CompressConfig, "recover": RecoverConfig}
+    for knob in (*KNOBS, *RATIOS.values()):
+        spec = {f.name: f for f in dataclasses.fields(sections[knob.section])}[knob.name]
+        assert knob.help == field_help(sections[knob.section], knob.name) and knob.help
+        assert knob.choices == spec.metadata.get("choices")
+    assert {k.attr for k in KNOBS} >= {"size_mode", "rounds", "gamma", "score", "bases", "curvature", "probe_scope",
+                                       "eps", "recover_train", "recover_distill"}
+    assert KNOBS[[k.attr for k in KNOBS].index("curvature")].choices == ("fisher", "mc-fisher", "hutchinson")
+    for preset in PRESETS:  # every preset fills the form with its own values, and a first click is valid
+        config = make_config(preset)
+        form = Form.for_preset(preset)
+        assert form.size_mode == config.compress.size_mode and form.size_value == config.compress.ratio
+        assert (form.rounds, form.bases, form.curvature) == (config.compress.rounds, config.compress.bases,
+                                                             config.compress.curvature)
+        assert build_config(form).compress == config.compress
+
+
+def test_form_values_reach_the_config():
     form = Form.for_preset("smoke")
-    form.size_value = 1.5
-    views = list(run_job(board, Session(), form))
-    assert "target_ratio must be in (0, 1]" in views[-1].status and not board.busy
-
-
-def test_cancel_stops_within_a_step(tmp_path, monkeypatch):
-    monkeypatch.setenv("BSI_CACHE", str(tmp_path))
-    session, board = Session(), JobBoard()
-    jobs = run_job(board, session, Form.for_preset("smoke"), min_interval=0)
-    first = next(jobs)
-    assert "Starting" in first.status and board.busy
-    steps_seen = None
-    for view in jobs:
-        if session.steps and steps_seen is None:
-            assert "Cancelling" in cancel_job(session)
-            steps_seen = len(session.steps)
-    assert "Cancelled" in view.status
-    assert len(session.steps) <= steps_seen + 1  # at most the step already under way
-    assert not board.busy and not session.running and session.compressed is None
-    assert "Nothing to cancel" in cancel_job(session)
-
-
-def test_form_defaults_and_config():
-    default = Form.for_preset("default")
-    assert default.model_source == "embedded" and default.preset == "default"
-    config = build_config(default)  # a first click with nothing changed is valid
-    assert config.model == "smollm2-135m-instruct" and config == make_config("default")
-    target = Form.for_preset("smoke")
-    target.size_mode, target.size_value, target.eps = "target", 0.4, 0.01
-    config = build_config(target)
-    assert config.compress.target_ratio == 0.4 and config.compress.size_mode == "target" and config.compress.eps == 0.01
-    hub = Form(model_source="hub", model_name="")
+    form.size_mode, form.size_value, form.eps, form.curvature = "keep", 0.4, 0.01, "hutchinson"
+    form.bases, form.probe_scope, form.recover_train, form.recover_distill = "svd", "model", "sigma", 0.5
+    config = build_config(form)
+    assert config.compress.keep_ratio == 0.4 and config.compress.size_mode == "keep"  # the ratio implies the mode
+    assert config.compress.target_ratio == make_config("smoke").compress.target_ratio
+    assert (config.compress.eps, config.compress.curvature, config.compress.bases, config.compress.probe_scope) == \
+        (0.01, "hutchinson", "svd", "model")
+    assert (config.recover.train, config.recover.distill) == ("sigma", 0.5)
+    form.eps = 0
+    assert build_config(form).compress.eps is None  # 0: the rule
     with pytest.raises(BSIError, match="hub id"):
-        build_config(hub)
+        build_config(Form(model_source="hub", model_name=""))
     assert not build_config(Form(model_source="hub", model_name="org/model")).trust_remote_code
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("size_value", 1.5, "Target ratio must be in (0, 1], got 1.5"),
+    ("size_value", None, "Target ratio: type a number"),
+    ("rounds", 2.5, "Rounds T must be a whole number, got 2.5"),
+    ("rounds", 8, "Rounds T: 8 rounds do not fit the smoke preset"),
+    ("curvature", "exact", "Curvature: choose one of fisher, mc-fisher, hutchinson"),
+    ("gamma", -1, "gamma (pool exponent) must be > 0"),
+])
+def test_a_bad_field_gets_one_message_before_the_board(field, value, words):
+    board = JobBoard()
+    form = dataclasses.replace(Form.for_preset("smoke"), **{field: value})
+    views = list(run_job(board, Session(), form))
+    assert len(views) == 1 and words in views[0].status, views[0].status
+    assert views[0].loss is None and views[0].ranks is None  # the figures are left alone
+    assert "--" not in views[0].status and not board.busy
+
+
+def test_rounds_the_schedule_cannot_run_are_refused_naming_the_apps_fields():
+    form = dataclasses.replace(Form.for_preset("smoke"), rounds=8)
+    with pytest.raises(BSIError) as err:
+        build_config(form)
+    text = str(err.value)
+    assert "Rounds T" in text and "choose at most" in text and "iters_per_epoch" not in text
+    most = int(text.split("choose at most ")[1].split()[0])
+    assert build_config(dataclasses.replace(form, rounds=most)).compress.rounds == most  # the limit itself runs
+
+
+def test_output_folder_errors_in_the_apps_words(tmp_path):
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    form = dataclasses.replace(Form.for_preset("smoke"), out_dir=str(file))
+    views = list(run_job(JobBoard(), Session(), form))
+    assert "Save to folder" in views[0].status and "--out" not in views[0].status
+    views = list(run_job(JobBoard(), Session(), dataclasses.replace(form, out_dir=str(tmp_path / "new")),
+                         resume=True))
+    assert "holds no interrupted run" in views[0].status
 
 
 def test_upload_validation_names_the_line(tmp_path):
@@ -134,59 +179,138 @@ def test_upload_validation_names_the_line(tmp_path):
         validate_upload(str(tmp_path / "data.csv"))
 
 
-def test_upload_size_limit(tmp_path, monkeypatch):
-    import bsi.app.compress as compress
-
-    monkeypatch.setattr(compress, "MAX_UPLOAD_BYTES", 100)
-    big = tmp_path / "big.jsonl"
-    big.write_text(json.dumps({"question": "x" * 200, "answer": "#### 1"}) + "\n")
-    with pytest.raises(BSIError, match="the limit is"):
-        compress.validate_upload(str(big))
-
-
 def test_eps_rule_display_matches_the_rule():
     model, _ = load_model_and_tokenizer("tiny-random-llama")
-    sigma_max = sigma_max_of(model)
-    weights = [m.weight for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    assert sigma_max == pytest.approx(max(float(torch.linalg.svdvals(w.detach())[0]) for w in weights), rel=1e-5)
-    text = eps_rule_text(sigma_max, torch.float32)
-    assert f"{eps_rule(sigma_max, torch.float32):.3g}" in text
+    value = sigma_max(model)
+    text = eps_rule_text(value, torch.float32)
+    assert f"**{number_text(eps_rule(value, torch.float32))}**" in text and number_text(value) in text
     assert "0.1" in eps_rule_text(82.0, torch.bfloat16)  # capped in bf16
     assert "press" in eps_rule_text(None)
 
 
+# ------------------------------------------------------------------ the job
+def test_job_streams_rounds_and_frees_the_board(finished):
+    session, board, views = finished
+    assert views[-1].status.startswith("**Done**"), views[-1].status
+    assert [r.round for r in session.rounds] == [1, 2]
+    seen = {tuple(v.rounds) for v in views}
+    assert (1,) in seen and (1, 2) in seen  # each round reached the UI as it finished
+    assert not board.busy and not session.running
+    assert session.compressed.params < session.original.params  # the chat models are in place
+    assert session.summary["params_after"] == session.compressed.params
+    last = views[-1]
+    layers = session.rounds[0].layers
+    cells = [row for trace in last.ranks.data for row in trace.text if row[0]]
+    assert len(cells) == len(layers)  # every layer is one row of its kind's panel
+    assert all(len(row) == 3 for row in cells)  # before, round 1, round 2
+    assert last.params.data[0].y[-1] == session.rounds[-1].params_total
+    assert {"train", "profile", "recover"} <= {t.name for t in last.loss.data}
+    assert last.eps_text.startswith("eps: not used (fisher")  # the smoke preset's curvature is fisher
+    newest = last.log.splitlines()[0]
+    assert "evaluate recovered" in newest and "start: model" in last.log.splitlines()[-1]  # newest first
+
+
+def test_busy_board_refuses_a_second_job():
+    board = JobBoard()
+    assert board.try_acquire("someone else's job")
+    views = list(run_job(board, Session(), Form.for_preset("smoke")))
+    assert len(views) == 1 and "Busy" in views[0].status and "someone else's job" in views[0].status
+    board.release()
+    assert not board.busy
+
+
+def test_cancel_stops_within_a_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("BSI_CACHE", str(tmp_path))
+    session, board = Session(), JobBoard()
+    jobs = run_job(board, session, Form.for_preset("smoke"), min_interval=0)
+    first = next(jobs)
+    assert "Starting" in first.status and board.busy
+    steps_seen = None
+    for view in jobs:
+        if session.steps and steps_seen is None:
+            assert "Cancelling" in cancel_job(session)
+            steps_seen = len(session.steps)
+    assert view.status.startswith("**Cancelled.**") and "Resume" not in view.status  # nothing was saved
+    assert len(session.steps) <= steps_seen + 1  # at most the step already under way
+    assert not board.busy and not session.running and session.compressed is None
+    assert "Nothing to cancel" in cancel_job(session)
+
+
+def test_cancelled_run_offers_resume_and_resume_finishes_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    form = dataclasses.replace(Form.for_preset("smoke"), out_dir=str(out))
+    session, board = Session(), JobBoard()
+    for view in run_job(board, session, form, min_interval=0):
+        if session.rounds and not session.cancel_requested:
+            cancel_job(session)  # after round 1, inside round 2
+    assert "Cancelled** after round 1 of 2" in view.status and "Resume" in view.status, view.status
+    assert checkpoint_progress(out) == (1, 2)
+    refused = list(run_job(board, Session(), form))  # Start would throw the checkpoint away: refused
+    assert "interrupted run (1 of 2 rounds done)" in refused[0].status and "Resume" in refused[0].status
+    views = list(run_job(board, session, form, min_interval=0, resume=True))
+    assert views[-1].status.startswith("**Done**"), views[-1].status
+    assert [r.round for r in session.rounds] == [2]  # it went on from the checkpoint
+    assert (out / "summary.json").is_file() and checkpoint_progress(out) is None
+    assert not board.busy
+
+
 # ------------------------------------------------------------------ inspect
-def test_inspect_rows_table_and_csv(finished, tmp_path):
+def test_inspect_rows_read_the_scores_terms(finished, tmp_path):
     session, _, _ = finished
     layer = session.rounds[0].layers[0]
     rows = inspect.basis_rows(layer)
+    assert list(rows[0]) == ["basis", "sigma", "gradient", "curvature", "gradient term", "curvature term",
+                             "importance", "status"]
     assert len(rows) == layer.rank_before
-    for row in rows:
-        assert row["importance"] == pytest.approx(row["grad_term"] + row["hessian_term"], abs=1e-6)  # score bsi
-        assert row["grad_term"] == pytest.approx(-row["sigma"] * row["grad"], rel=1e-5, abs=1e-12)
+    pool = set(layer.pool.tolist())
+    for i, row in enumerate(rows):
+        assert row["gradient term"] == pytest.approx(float(layer.terms["gradient"][i]))
+        assert row["gradient term"] == pytest.approx(-row["sigma"] * row["gradient"], rel=1e-5, abs=1e-12)
+        if i in pool:
+            assert row["importance"] == pytest.approx(row["gradient term"] + row["curvature term"], abs=1e-6)
+        else:  # not measured outside the pool: blank, not 0
+            assert row["curvature"] is None and row["curvature term"] is None and row["status"] == "protected"
     statuses = [r["status"] for r in rows]
     assert statuses.count("pruned") == layer.pruned.numel() == layer.rank_before - layer.rank_after
-    assert statuses.count("protected") == layer.rank_before - layer.pool.numel()
-    assert all(r["hessian"] == 0 for r in rows if r["status"] == "protected")  # probes are 0 outside the pool
+    assert statuses.count("protected") == layer.rank_before - layer.pool.numel() > 0
     text, fig, table, path = inspect.view(session.rounds, 1, layer.name)
-    assert layer.name in text and len(table) == len(rows) and isinstance(fig, go.Figure)
+    assert layer.name in text and len(table["data"]) == len(rows) and isinstance(fig, go.Figure)
+    assert table["headers"][-2:] == ["importance", "status"]
+    shown = [v for row in table["data"] for v in row if isinstance(v, float) and v != 0]
+    assert all(v == significant(v) for v in shown)  # four significant figures in the table
     parsed = list(csv.DictReader(io.StringIO(open(path).read())))
-    assert len(parsed) == len(rows) and float(parsed[3]["sigma"]) == pytest.approx(rows[3]["sigma"])
-    assert inspect.view(session.rounds, 9, layer.name)[2] == []
+    assert len(parsed) == len(rows) and float(parsed[3]["sigma"]) == pytest.approx(rows[3]["sigma"], rel=1e-12)
+    assert inspect.view(session.rounds, 9, layer.name)[2]["data"] == []
+
+
+def test_inspect_columns_follow_the_score():
+    def layer(score_terms, grad, hessian):
+        r = 4
+        return LayerRound(name="l", basis_ids=torch.arange(r), sigma=torch.ones(r), grad=grad, hessian=hessian,
+                          importance=torch.ones(r), pool=torch.tensor([2, 3]), pruned=torch.tensor([3]),
+                          rank_before=r, rank_after=r - 1, params_after=1, terms=score_terms)
+
+    basel = inspect.basis_rows(layer({"magnitude": torch.ones(4)}, None, None))
+    assert list(basel[0]) == ["basis", "sigma", "magnitude term", "importance", "status"]
+    grad_only = inspect.basis_rows(layer({"gradient": torch.ones(4)}, torch.ones(4), None))
+    assert list(grad_only[0]) == ["basis", "sigma", "gradient", "gradient term", "importance", "status"]
+    assert [r["status"] for r in grad_only] == ["protected", "protected", "pool (kept)", "pruned"]
 
 
 # ------------------------------------------------------------------ chat
-def test_chat_streams_both_models(finished):
+def test_chat_streams_both_models_and_says_what_the_tiny_model_is_for(finished):
     session, _, _ = finished
     updates = list(chat.respond(session, "What is 2 + 3?", max_new_tokens=12))
     assert len(updates) >= 2
     compressed, original = updates[-1]
     for history in (compressed, original):
         assert [m["role"] for m in history] == ["user", "assistant"] and history[1]["content"]
-    # the streamed reply is the model's own greedy answer
     expected = session.chats["compressed"].history[-1]["content"]
-    assert compressed[1]["content"] in (expected, chat.EMPTY_REPLY)
-    assert "compressed" in chat.sizes_text(session) and f"{session.original.params:,}" in chat.sizes_text(session)
+    assert compressed[1]["content"] in (expected, chat.TINY_EMPTY_REPLY)
+    sizes = chat.sizes_text(session)
+    assert "compressed" in sizes and f"{session.original.params:,}" in sizes
+    assert chat.TINY_NOTE in sizes and "random weights" in sizes
     with pytest.raises(BSIError, match="empty message"):
         list(chat.respond(session, "  "))
     assert chat.clear(session) == ([], [])
@@ -196,76 +320,57 @@ def test_chat_streams_both_models(finished):
 
 def test_chat_replies_with_text():
     model, tokenizer = load_model_and_tokenizer("tiny-random-llama")
-    from bsi.app.state import LoadedModel
-
     session = Session(compressed=LoadedModel(model, tokenizer, "compressed", 1))
     *_, (history, other) = chat.respond(session, "hi", max_new_tokens=16)
     assert other == [] and history[1]["content"] not in ("", chat.EMPTY_REPLY)
+    assert chat.TINY_NOTE not in chat.sizes_text(session)  # no source recorded: no claim about it
+    conversation = session.chats["compressed"]
+    conversation.history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " \n "}]
+    assert chat._history(conversation)[1]["content"] == chat.EMPTY_REPLY  # a blank reply is said, not shown empty
 
 
 # ------------------------------------------------------------------ spectra
-def test_power_law_fit_and_probe_bound():
-    ks = torch.arange(1, 41, dtype=torch.float64)
-    c, a = spectra.power_law_fit((3.0 * ks ** -1.3).flip(0))
-    assert c == pytest.approx(3.0, rel=1e-9) and a == pytest.approx(1.3, rel=1e-9)
-    assert spectra.harmonic(3, 2) == pytest.approx(1 + 1 / 4 + 1 / 9)
-    assert spectra.zeta(2.0) == pytest.approx(math.pi ** 2 / 6, rel=1e-9)
-    n, lam, tr, e, d = 64, 2.0, 10.0, 0.1, 0.05
-    expected = 2 * (lam ** 2 * spectra.harmonic(n, 2.0) / (tr ** 2 / n) - 1) * math.log(2 * n / d) / e ** 2
-    assert spectra.probes_needed(n, 1.0, lam, tr, e, d) == pytest.approx(expected)
-    assert spectra.probes_needed(n, 1.0, lam, tr, e / 2, d) == pytest.approx(4 * expected)
-    assert spectra.probes_needed_psd(n, 1.0, e, d) == pytest.approx(
-        2 * (n * math.pi ** 2 / 6 - 1) * math.log(2 * n / d) / e ** 2, rel=1e-6)
-    with pytest.raises(BSIError, match="relative error"):
-        spectra.probes_needed(n, 1.0, lam, tr, 1.5, d)
-    assert "probes" in spectra.calculator_text(n, 1.0, lam, tr, e, d)
-
-
-def test_exact_layer_hessian_matches_finite_differences():
-    from bsi.data import BatchStream, load_task
-    from bsi.method.curvature import sigma_gradients
-
-    model, tokenizer = load_model_and_tokenizer("tiny-random-llama", dtype=torch.float64)
-    task = load_task("embedded-math", test_size=1, train_size=4)
-    batch = next(iter(BatchStream(task.train, tokenizer, batch_size=2, max_length=64)))
-    name = "model.layers.1.mlp.down_proj"
-    before = dict(model.named_modules())[name]
-    hessian = spectra.layer_hessian(model, name, batch, answer_token_loss, 6)
-    assert dict(model.named_modules())[name] is before  # the layer is put back
-    assert model.config._attn_implementation == "sdpa"
-    assert hessian.shape == (6, 6) and torch.allclose(hessian, hessian.T)
-    with spectra.basis_form_of(model, name) as layer:  # column 2 by central differences of the gradient
-        h = 1e-2  # sigma is fp32: a larger step keeps rounding out of the difference
-        cols = []
-        for sign in (1, -1):
-            with torch.no_grad():
-                layer.sigma[2] += sign * h
-            layer.sigma.requires_grad_(True)
-            _, grads = sigma_gradients(model, [layer], batch, answer_token_loss)
-            cols.append(grads[0][:6].double())
-            with torch.no_grad():
-                layer.sigma[2] -= sign * h
-    fd = (cols[0] - cols[1]) / (2 * h)
-    assert torch.allclose(hessian[:, 2], fd, rtol=1e-2, atol=1e-6)
-
-
-def test_spectrum_of_the_last_run(finished):
+def test_spectrum_of_the_last_run_leaves_the_model_as_it_was(finished):
     session, _, _ = finished
-    names = spectra.layer_names(session, Form.for_preset("smoke"))
-    eigenvalues, fit, info = spectra.compute(session, Form.for_preset("smoke"), names[0], 5, 2)
-    assert eigenvalues.shape == (5,) and info["n"] == 5 and info["lambda1"] == pytest.approx(float(eigenvalues.abs().max()))
-    fig = plots.spectrum_figure(eigenvalues.tolist(), fit)
-    assert fig.layout.xaxis.type == "log" and len(fig.data) == 3
+    form = Form.for_preset("smoke")
+    names = spectra.layer_names(session, form)
+    before = {name: type(module) for name, module in session.original.model.named_modules()}
+    result = spectra.compute(session, form, names[-1], 5, 2)
+    layer = result.layers[0]
+    assert layer.k == 5 and len(layer.eigenvalues) == 5
+    assert layer.lambda_1 == pytest.approx(max(abs(v) for v in layer.eigenvalues))
+    assert {name: type(module) for name, module in session.original.model.named_modules()} == before
+    assert layer.name in spectra.spectrum_text(result)
+    fig = figures.spectrum_figure(result)
+    assert fig.layout.xaxis.type == "log" and len(fig.data) == 3  # |lambda_k|, relative, envelope
+
+
+def test_calculator_is_the_theory_modules_bound():
+    n, lam, trace, e, delta = 64, 2.0, 10.0, 0.1, 0.05
+    expected = math.ceil(theory.sample_complexity(lam, 1.0, trace, n, e, delta))
+    text = spectra.calculator_text(n, 1.0, lam, trace, e, delta)
+    assert f"s > {expected:,} probes" in text
+    assert f"s > {math.ceil(theory.sample_complexity_psd(n, 1.0, e, delta)):,}" in text
+    assert "Any s >= 1" in spectra.calculator_text(n, 1.0, 0.1, trace, e, delta)
+    assert "No bound" in spectra.calculator_text(n, 1.0, lam, 0.0, e, delta)
+    assert spectra.calculator_text(n, 1.0, lam, trace, None, delta) == "Type a number for e."
+    assert spectra.calculator_text(n, 1.0, lam, trace, 0.1, 1.5).startswith("Error: delta")
 
 
 # ------------------------------------------------------------------ compare
-def test_compare_loads_a_sweep(tmp_path):
+def test_compare_loads_a_sweep_with_accuracy_and_loss_panels(tmp_path):
     rows = [{"method": m, "target": t, "params_total": int(1e6 * t), "accuracy": a, "loss": 1.0 - a, "seconds": 3}
             for m, pts in {"bsi": [(0.5, 0.4), (0.3, 0.3)], "svd": [(0.5, 0.35), (0.3, 0.1)]}.items() for t, a in pts]
+    rows.insert(0, {"method": "dense", "target": 1.0, "params_total": 1_234_567, "accuracy": 0.45, "loss": 0.5})
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     status, fig, table = compare.view(str(tmp_path))
-    assert "4 runs" in status and {t.name for t in fig.data} == {"bsi", "svd"}
-    assert table[0] == ["bsi", 0.5, 500000, 40.0, pytest.approx(0.6)]
+    assert "5 runs" in status
+    panels = {(t.name, t.xaxis) for t in fig.data}
+    assert panels == {("bsi", "x"), ("svd", "x"), ("bsi", "x2"), ("svd", "x2")}  # accuracy and loss per method
+    bsi_accuracy = next(t for t in fig.data if t.name == "bsi" and t.xaxis == "x")
+    assert list(bsi_accuracy.x) == pytest.approx([1.234567, 0.5, 0.3]) and bsi_accuracy.y[0] == pytest.approx(45.0)
+    assert fig.layout.yaxis.range == (0, pytest.approx(45 * 1.15 + 2)) and fig.layout.xaxis.autorange == "reversed"
+    assert table[0] == ["bsi", 0.5, 0.5, 40.0, 0.6] and ["dense", 1.0, 1.235, 45.0, 0.5] in table
     (tmp_path / "results.jsonl").write_text(json.dumps(rows[0]) + "\n" + '{"method": "x"}\n')
     with pytest.raises(BSIError, match="line 2: missing field"):
         compare.load_results(str(tmp_path))
@@ -273,17 +378,44 @@ def test_compare_loads_a_sweep(tmp_path):
         compare.load_results(str(tmp_path / "nope"))
 
 
-# ------------------------------------------------------------------ plots
-def test_plot_builders_on_empty_and_real_data(finished):
+# ------------------------------------------------------------------ figures
+def test_figure_builders_on_empty_and_real_data(finished):
     session, _, _ = finished
-    for empty in (plots.loss_figure([]), plots.params_figure([]), plots.rank_heatmap([]), plots.basis_figure([]),
-                  plots.spectrum_figure([]), plots.compare_figure([])):
+    for empty in (figures.loss_figure([]), figures.params_figure([]), figures.rank_heatmap([]),
+                  figures.basis_figure([]), figures.spectrum_figure(None), figures.results_figure([])):
         assert isinstance(empty, go.Figure) and empty.layout.annotations  # a message instead of a blank plot
-    fig = plots.loss_figure([("train", 1, 2.0), ("train", 2, 1.5), ("profile", 3, 1.6)])
+    fig = figures.loss_figure([("train", 1, 2.0), ("train", 2, 1.5), ("profile", 3, 1.6)])
     assert [t.name for t in fig.data] == ["train", "profile"] and list(fig.data[0].y) == [2.0, 1.5]
-    heat = plots.rank_heatmap(session.rounds)
-    z = heat.data[0].z
-    assert all(row[0] >= row[1] >= row[2] for row in z)  # ranks only shrink
+    heat = figures.rank_heatmap(session.rounds)
+    for trace in heat.data:
+        ranks = [[int(v) for v in row] for row in trace.text if row[0]]  # (blank: no such layer in this panel)
+        assert all(row[0] >= row[1] >= row[2] for row in ranks)  # ranks only shrink
+        assert all(0 <= v <= 1 for row in trace.z for v in row if v is not None)  # coloured by the share kept
+
+
+def _round(number: int, names: list[str], ranks: list[int]) -> RoundReport:
+    layers = tuple(LayerRound(name=n, basis_ids=torch.arange(2), sigma=torch.ones(2), grad=None, hessian=None,
+                              importance=torch.ones(2), pool=torch.arange(2), pruned=torch.arange(0),
+                              rank_before=r + 8, rank_after=r, params_after=r) for n, r in zip(names, ranks))
+    return RoundReport(round=number, total_rounds=4, layers=layers, params_total=1, params_compressible=1,
+                       compressible_before=1, eps=0.0, mean_loss=1.0, skipped_batches=0, elapsed=1.0)
+
+
+def test_rank_heatmap_stays_readable_for_a_30_block_model():
+    kinds = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj"]
+    names = [f"model.layers.{b}.{kind}" for b in range(30) for kind in kinds]
+    assert len(names) == 210
+    rounds = [_round(t, names, [500 - 50 * t - i % 7 for i in range(210)]) for t in (1, 2, 3, 4)]
+    fig = figures.rank_heatmap(rounds)
+    assert [t.name for t in fig.data] == kinds  # one panel per kind
+    for trace in fig.data:
+        assert list(trace.y) == [str(b) for b in range(30)] and len(trace.z[0]) == 5  # rows: blocks
+    assert fig.layout.height <= 700  # 30 rows, not 210
+    block7_down = fig.data[6].text[7]
+    assert block7_down == [str(r) for r in [500 - 50 + 8 - 6, 450 - 6, 400 - 6, 350 - 6, 300 - 6]]
+    resumed = figures.rank_heatmap(rounds[2:])  # a resumed run starts after round 2
+    assert list(resumed.data[0].x) == ["2", "3", "4"]
 
 
 # ------------------------------------------------------------------ server
@@ -311,6 +443,11 @@ def test_server_streams_rounds_and_chats(server):
     assert compressed[1]["role"] == "assistant" and original[1]["role"] == "assistant"
     assert "parameters" in sizes
 
+    # a bad field: one message in the status line, no error anywhere else
+    bad = astuple(dataclasses.replace(Form.for_preset("smoke"), size_value=-1))
+    status, loss, *_ = client.predict(*bad, api_name="/start")
+    assert status == "**Error:** Target ratio must be in (0, 1], got -1.0"
+
     # a second visitor while a job runs sees "busy"; the first can cancel
     other = Client(server.local_url, verbose=False)
     assert server.board.try_acquire("test holder")
@@ -319,3 +456,31 @@ def test_server_streams_rounds_and_chats(server):
         assert "Busy" in busy[-1][0]
     finally:
         server.board.release()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_app_py_names_its_own_share_switch(tmp_path):
+    assert "--share" in startup_lines("http://127.0.0.1:7860")[1]
+    assert "https://x.gradio.live" in startup_lines("http://127.0.0.1:7860", "https://x.gradio.live")[1]
+    env = {**os.environ, "BSI_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    app = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--preset", "smoke", "--port", str(_free_port())],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("--share" in line for line in lines):
+            line = app.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+    finally:
+        app.terminate()
+        app.wait(timeout=30)
+    text = "".join(lines)
+    assert "live compression studio on http://127.0.0.1:" in text and "--share" in text, text
+    assert "share=True" not in text

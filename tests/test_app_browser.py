@@ -1,13 +1,15 @@
 """The dashboard in a real headless browser (Debian's chromium, driven by playwright).
 
 Opens the app built on the smoke preset, clicks Start with nothing changed,
-waits for two rounds, opens Inspect and Chat and checks what they show.
+waits for two rounds, opens Inspect, Chat and Spectra and checks what they show.
 Screenshots go to ``artifacts/`` (git-ignored) as test artifacts:
 
 * ``compress-running.png``: the Compress tab once a round has streamed in;
 * ``compress-done.png``: the finished run (loss curve, parameters, rank heatmap, log);
-* ``inspect.png``: round 2 of the first layer, figure and sortable table;
-* ``chat.png``: both models' replies side by side with their sizes.
+* ``inspect.png``: round 2 of the first layer, figure and sortable table (its
+  importance and status columns inside the window);
+* ``chat.png``: both models' replies side by side with their sizes;
+* ``spectra.png``: the exact Hessian spectrum of the last layer and the probes it asks for.
 """
 
 from __future__ import annotations
@@ -62,6 +64,13 @@ def test_browser_start_inspect_chat(app_url):
             expect(table).to_contain_text("importance")
             expect(table).to_contain_text("status")
             expect(table).to_contain_text("protected")
+            viewport = page.viewport_size["width"]
+            for header in ("importance", "status"):  # the columns fit: nothing to scroll sideways for
+                right = table.evaluate(
+                    """(root, name) => Math.max(...[...root.querySelectorAll('*')]
+                        .filter(e => e.children.length === 0 && e.textContent.trim() === name)
+                        .map(e => e.getBoundingClientRect()).filter(r => r.width > 0).map(r => r.right))""", header)
+                assert 0 < right <= viewport, (header, right)
             page.screenshot(path=str(ARTIFACTS / "inspect.png"), full_page=True)
 
             page.get_by_role("tab", name="Chat").click()
@@ -74,7 +83,16 @@ def test_browser_start_inspect_chat(app_url):
             assert "parameters" in sizes and "original" in sizes
             page.wait_for_timeout(1500)  # let the streamed replies settle for the screenshot
             page.screenshot(path=str(ARTIFACTS / "chat.png"), full_page=True)
+
+            page.get_by_role("tab", name="Spectra").click()
+            page.get_by_role("button", name="List layers").click()
+            spectra_status = page.locator("#spectra-status")
+            expect(spectra_status).to_contain_text("layers", timeout=30_000)
+            page.get_by_role("button", name="Compute spectrum").click()
+            expect(spectra_status).to_contain_text("top-16 sigmas", timeout=60_000)
+            expect(page.locator("#spectra-answer")).to_contain_text("n = 16")  # the calculator took the spectrum
+            page.screenshot(path=str(ARTIFACTS / "spectra.png"), full_page=True)
         finally:
             browser.close()
-    for name in ("compress-running.png", "compress-done.png", "inspect.png", "chat.png"):
+    for name in ("compress-running.png", "compress-done.png", "inspect.png", "chat.png", "spectra.png"):
         assert (ARTIFACTS / name).stat().st_size > 10_000

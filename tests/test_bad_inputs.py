@@ -81,6 +81,10 @@ def make_input(kind, tmp_path, tiny_folder):
         return ["--model", str(folder)]
     if kind == "out-is-file":
         return ["--out", _write(tmp_path / "file.txt", b"keep")]
+    if kind == "out-unwritable":  # passes every check but a real write (crashed after round 1 before)
+        if not os.path.isdir("/proc/self"):
+            pytest.skip("needs Linux /proc")
+        return ["--out", "/proc/bsi_out"]
     if kind == "out-foreign-folder":
         (tmp_path / "mine").mkdir()
         (tmp_path / "mine" / "thesis.tex").write_text("precious")
@@ -118,6 +122,7 @@ CASES = [
     ("model-mismatched", "broken"),
     ("out-is-file", "is a file"),
     ("out-foreign-folder", "not empty"),
+    ("out-unwritable", "cannot write in '/proc'"),
 ]
 
 

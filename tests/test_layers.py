@@ -76,3 +76,20 @@ def test_low_rank_export_matches_basis_layer_and_sizes():
     assert layer.stored_parameters() == min(7 * 50 + 20, 30 * 20 + 20)
     dense = layer.to_linear()
     torch.testing.assert_close(dense(x), layer(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_shipped_low_rank_layer_matches_the_library_one(bias):
+    """The copy in the exported folder's modeling_bsi.py: same tensor names, shapes and outputs as bsi's."""
+    from bsi.pipeline.modeling_bsi import LowRankLinear as Shipped
+
+    torch.manual_seed(3)
+    ours = LowRankLinear(30, 20, 5, bias)
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.normal_()
+    shipped = Shipped(30, 20, 5, bias)
+    assert {k: v.shape for k, v in shipped.state_dict().items()} == {k: v.shape for k, v in ours.state_dict().items()}
+    shipped.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 7, 30)
+    assert torch.equal(shipped(x), ours(x))

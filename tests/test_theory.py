@@ -84,3 +84,17 @@ def test_relative_error_by_probes_falls_as_one_over_sqrt_probes():
     errors = theory.relative_error_by_probes(estimates, exact, [1, 4, 16, 64])
     assert errors[1] / errors[16] == pytest.approx(4.0, rel=0.1)
     assert errors[4] / errors[64] == pytest.approx(4.0, rel=0.15)
+
+
+def test_sample_complexity_scales_as_one_over_e_squared_and_grows_with_the_spectrum():
+    # the Spectra tab's calculator is this function: the properties a reader relies on
+    n, lam, trace, e, delta = 64, 2.0, 10.0, 0.1, 0.05
+    base = theory.sample_complexity(lam, 1.0, trace, n, e, delta)
+    expected = 2 * (lam**2 * theory.generalized_harmonic(n, 2.0) / (trace**2 / n) - 1) * math.log(2 * n / delta) / e**2
+    assert base == pytest.approx(expected)
+    assert theory.sample_complexity(lam, 1.0, trace, n, e / 2, delta) == pytest.approx(4 * base)
+    assert theory.sample_complexity(2 * lam, 1.0, trace, n, e, delta) > base  # more off-diagonal energy, more probes
+    assert theory.sample_complexity(lam, 2.0, trace, n, e, delta) < base  # a faster-decaying spectrum, fewer
+    assert theory.sample_complexity(0.1, 1.0, trace, n, e, delta) < 0  # diagonal-dominated: any s >= 1 will do
+    with pytest.raises(BSIError, match="relative error"):
+        theory.sample_complexity(lam, 1.0, trace, n, 0.0, delta)

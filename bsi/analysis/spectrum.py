@@ -1,37 +1,39 @@
 """Hessian spectra in sigma-space: is the curvature really power-law shaped?
 
-The theory of BSI's Hessian estimator (METHOD.md sec. 7, :mod:`bsi.method.theory`)
+The theory of BSI's Hessian estimator (:mod:`bsi.method.theory`)
 assumes that, per layer, the eigenvalues of the Hessian of the task loss with
 respect to the coefficients sigma decay like a power law,
 ``|lambda_k| <= |lambda_1| k^-alpha`` with ``alpha > 1/2``. This module
 measures it.
 
 For each chosen layer it computes, *exactly*, the (k x k) Hessian of the task
-loss (:func:`bsi.pipeline.evaluate.answer_token_loss`) with respect to that layer's
-top-k sigmas, every other coefficient fixed (so the model-wide matrix is
-treated as block-diagonal: no cross-layer entries), averaged over a few
-mini-batches. Column ``j`` of a block is the Hessian-vector product ``H e_j``
-obtained by double backward: one forward pass and one ``create_graph``
-backward per batch serve every layer, then each column costs one second-order
-backward pass (this is :func:`bsi.method.curvature.hessian_vector_product` with a
-one-hot vector, without redoing the forward pass for every column).
+loss (:func:`bsi.pipeline.losses.answer_token_loss`) with respect to that
+layer's top-k sigmas, every other coefficient fixed (so the model-wide matrix
+is treated as block-diagonal: no cross-layer entries), averaged over a few
+mini-batches. The matrix is :func:`bsi.method.curvature.exact_hessian` (one
+double backward per column); a plain linear layer is written in Basel form
+only while it is measured (:func:`measured_layers`, through
+:func:`bsi.method.surgery.basis_form`), so the model comes back unchanged.
 
 Double backward needs a differentiable attention kernel, so the model is
 switched to eager attention while the spectrum runs
-(:func:`eager_attention`), and switched back afterwards.
+(:func:`bsi.method.curvature.eager_attention`), and switched back afterwards.
 
 Per layer it reports the eigenvalues sorted by magnitude, a least-squares
 power-law fit on log-log axes, the envelope check, ``|lambda_1|``, the trace,
 the share of negative eigenvalues, and the number of Hutchinson probes the
 sample-complexity bound asks for (:func:`bsi.method.theory.probes_needed`).
+The figure is :func:`bsi.analysis.figures.spectrum_figure`.
 
 CLI::
 
-    bsi spectrum --model smollm2-135m-instruct --data embedded-math \\
-        --layers mlp.down_proj@-1 self_attn.q_proj@0,-1 --top-k 128 --batches 2 --out runs/spectrum
+    bsi spectrum --out runs/spectrum                      # the defaults: about a minute on a 2-core CPU
+    bsi spectrum --layers mlp.down_proj@0,-1 self_attn.q_proj@0 --top-k 64 --batches 2 --out runs/spectrum
 
-writes ``spectrum.json``, ``summary.txt`` and ``spectrum.html`` (standalone,
-log-log plots) into ``--out``.
+By default it measures the last block's layer of each kind (the cheapest to
+differentiate twice: the second backward stops at the layer) with ``--top-k
+16`` on one batch. It writes ``spectrum.json``, ``summary.txt`` and
+``spectrum.html`` (standalone, log-log plots) into ``--out``.
 """
 
 from __future__ import annotations
@@ -41,17 +43,18 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from bsi.analysis.figures import spectrum_figure  # re-exported: the figure's home is bsi.analysis.figures
 from bsi.errors import BSIError
-from bsi.method.curvature import evaluation_mode
+from bsi.method.curvature import eager_attention, exact_hessian
 from bsi.method.layers import BasisLinear
-from bsi.method.surgery import tied_output_names
+from bsi.method.surgery import basis_form, tied_output_names
 from bsi.method.theory import probes_needed
 
 LossFn = Callable[[nn.Module, dict], torch.Tensor]
@@ -63,6 +66,12 @@ def layer_kind(name: str) -> str:
     return re.split(r"\.\d+\.", name)[-1]
 
 
+def layer_block(name: str) -> int | None:
+    """The block index in a layer's name (``model.layers.3.mlp.up_proj`` -> 3), or None outside the blocks."""
+    match = re.search(r"\.(\d+)\.", name)
+    return int(match.group(1)) if match else None
+
+
 def candidate_layers(model: nn.Module) -> list[str]:
     """Names of the layers whose sigma-space can be measured: linear or `BasisLinear`, not a tied output layer."""
     tied = tied_output_names(model)
@@ -70,15 +79,17 @@ def candidate_layers(model: nn.Module) -> list[str]:
 
 
 def default_layer_specs(model: nn.Module) -> list[str]:
-    """First, middle and last layer of each kind (``kind@0,mid,-1``), in module order."""
-    by_kind: dict[str, list[str]] = {}
+    """The last layer of each kind (``kind@-1``), in module order.
+
+    The last block's layers are the cheapest to measure: each column of the
+    Hessian is one second backward, which stops at the layer, so a layer of
+    block 0 costs a full-depth backward per column (about ten times more on
+    a 30-block model).
+    """
+    last: dict[str, str] = {}
     for name in candidate_layers(model):
-        by_kind.setdefault(layer_kind(name), []).append(name)
-    specs = []
-    for kind, names in by_kind.items():
-        picks = sorted({0, len(names) // 2, len(names) - 1})
-        specs += [names[i] for i in picks]
-    return specs
+        last[layer_kind(name)] = name
+    return list(last.values())
 
 
 def select_layers(model: nn.Module, specs: Sequence[str] | None = None) -> list[str]:
@@ -126,13 +137,15 @@ def select_layers(model: nn.Module, specs: Sequence[str] | None = None) -> list[
     return sorted(chosen, key=order.__getitem__)
 
 
-def prepare_layers(model: nn.Module, names: Sequence[str]) -> list[BasisLinear]:
-    """The named layers as `BasisLinear` (plain ``nn.Linear`` ones are converted in place, exactly).
+@contextmanager
+def measured_layers(model: nn.Module, names: Sequence[str]) -> Iterator[list[BasisLinear]]:
+    """The named layers as `BasisLinear` for the duration of the block, only their sigma requiring grad.
 
-    Every parameter of the model is frozen except the chosen layers' sigma,
-    so backward passes compute nothing else. The conversion changes no output
-    (the SVD is exact); it does change the module tree, so pass a model you
-    own.
+    Plain ``nn.Linear`` layers are written in Basel form (exact SVD, no
+    auxiliary vectors) by :func:`bsi.method.surgery.basis_form` and put back
+    afterwards; layers already in Basel form are used as they are. Every
+    parameter's ``requires_grad`` flag is restored on the way out, so the
+    model leaves the block as it came in.
     """
     modules = dict(model.named_modules())
     missing = [n for n in names if n not in modules]
@@ -141,19 +154,19 @@ def prepare_layers(model: nn.Module, names: Sequence[str]) -> list[BasisLinear]:
     wrong = [n for n in names if not isinstance(modules[n], (nn.Linear, BasisLinear))]
     if wrong:
         raise BSIError(f"layer '{wrong[0]}' is a {type(modules[wrong[0]]).__name__}, not a linear layer")
-    for p in model.parameters():
-        p.requires_grad_(False)
-    layers = []
-    for name in names:
-        layer = modules[name]
-        if not isinstance(layer, BasisLinear):
-            parent_name, _, attr = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            layer = BasisLinear.from_linear(layer, aux_rank=0)
-            setattr(parent, attr, layer)
-        layer.sigma.requires_grad_(True)
-        layers.append(layer)
-    return layers
+    plain = [n for n in names if not isinstance(modules[n], BasisLinear)]
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    with basis_form(model, plain) if plain else nullcontext():
+        layers = [model.get_submodule(n) for n in names]
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for layer in layers:
+            layer.sigma.requires_grad_(True)
+        try:
+            yield layers
+        finally:
+            for p, flag in flags:
+                p.requires_grad_(flag)
 
 
 def top_positions(sigma: torch.Tensor, k: int) -> torch.Tensor:
@@ -161,65 +174,26 @@ def top_positions(sigma: torch.Tensor, k: int) -> torch.Tensor:
     return torch.argsort(sigma.detach().abs(), descending=True)[: min(k, sigma.numel())].cpu()
 
 
-@contextmanager
-def eager_attention(model: nn.Module) -> Iterator[nn.Module]:
-    """Run the block with eager attention (double backward through SDPA/flash kernels fails).
-
-    Uses ``model.set_attn_implementation`` (transformers >= 5); the previous
-    implementation is restored afterwards. A model without an attention
-    config (a plain ``nn.Module``) is left as it is.
-    """
-    config = getattr(model, "config", None)
-    previous = getattr(config, "_attn_implementation", None)
-    if config is None or previous in (None, "eager"):
-        yield model
-        return
-    if not hasattr(model, "set_attn_implementation"):
-        raise BSIError(f"cannot switch {type(model).__name__} to eager attention; load it with attn_implementation='eager'")
-    model.set_attn_implementation("eager")
-    try:
-        yield model
-    finally:
-        model.set_attn_implementation(previous)
-
-
 # ------------------------------------------------------------- the Hessian
-def hessian_blocks(
-    model: nn.Module, layers: Sequence[BasisLinear], positions: Sequence[torch.Tensor], batch: dict, loss_fn: LossFn
-) -> tuple[float, list[torch.Tensor]]:
-    """Exact per-layer Hessian blocks ``d2l / dsigma[pos] dsigma[pos]`` on one batch.
+def layer_hessian(model: nn.Module, layer: BasisLinear, batch: dict, loss_fn: LossFn,
+                  positions: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """(loss, the exact (k, k) Hessian over ``layer.sigma[positions]``) on one batch, float64.
 
-    One forward pass and one first-order backward with ``create_graph=True``
-    give ``g_l = dl/dsigma_l`` for every layer as a differentiable graph;
-    column ``j`` of layer ``l``'s block is then ``d g_l[pos_j] / dsigma_l``
-    restricted to ``pos`` (one second-order backward each). Other layers'
-    coefficients stay fixed: no cross-layer entries are computed.
-
-    Args:
-        layers: `BasisLinear` layers whose sigma requires grad.
-        positions: per layer, (k_l,) int64 positions in its sigma.
-
-    Returns:
-        (loss, blocks) with blocks[l] of shape (k_l, k_l), float64, as computed
-        (not symmetrised).
+    :func:`bsi.method.curvature.exact_hessian` with the batch's loss recorded,
+    and a clear error instead of a NaN matrix when that loss is not finite.
     """
-    sigmas = [layer.sigma for layer in layers]
-    loss = loss_fn(model, batch)
-    if not torch.isfinite(loss):
-        raise BSIError("the loss of a spectrum batch is not finite (no answer tokens left after truncation?); "
-                       "raise --max-length")
-    grads = torch.autograd.grad(loss, sigmas, create_graph=True, allow_unused=True)
-    blocks = []
-    for sigma, pos, grad in zip(sigmas, positions, grads):
-        k = pos.numel()
-        block = torch.zeros(k, k, dtype=torch.float64)  # (k, k)
-        if grad is not None and grad.requires_grad:
-            for j in range(k):
-                (column,) = torch.autograd.grad(grad[pos[j]], sigma, retain_graph=True, allow_unused=True)
-                if column is not None:
-                    block[:, j] = column.detach()[pos.to(column.device)].double().cpu()
-        blocks.append(block)
-    return float(loss.detach()), blocks
+    losses: list[float] = []
+
+    def checked(m: nn.Module, b: dict) -> torch.Tensor:
+        loss = loss_fn(m, b)
+        if not torch.isfinite(loss):
+            raise BSIError("the loss of a spectrum batch is not finite (no answer tokens left after truncation?); "
+                           "raise the maximum length")
+        losses.append(float(loss.detach()))
+        return loss
+
+    hessian = exact_hessian(model, layer, batch, checked, positions)
+    return losses[0], hessian
 
 
 def sorted_eigenvalues(hessian: torch.Tensor) -> torch.Tensor:
@@ -286,8 +260,7 @@ class LayerSpectrum:
     ``lambda_1`` is the largest magnitude; ``negative_share`` the share of
     negative eigenvalues; ``probes`` the Hutchinson probes the measured
     spectrum asks for (relative error ``error`` with probability ``1 - delta``,
-    :func:`bsi.method.theory.probes_needed`); ``asymmetry`` = ``||H - H^T|| / ||H||``
-    of the computed block (rounding only: the exact Hessian is symmetric).
+    :func:`bsi.method.theory.probes_needed`).
     """
 
     name: str
@@ -302,7 +275,6 @@ class LayerSpectrum:
     trace: float
     negative_share: float
     frobenius: float
-    asymmetry: float
     probes: float
     error: float
     delta: float
@@ -315,14 +287,13 @@ class LayerSpectrum:
         h = hessian.double()
         sym = 0.5 * (h + h.T)  # (k, k)
         eig = sorted_eigenvalues(sym)  # (k,)
-        norm = float(h.norm())
         return cls(
             name=name, kind=layer_kind(name), k=int(positions.numel()), positions=positions.tolist(),
             sigma=sigma.detach().double().cpu()[positions].tolist(), eigenvalues=eig.tolist(),
             diagonal=torch.diagonal(sym).tolist(), fit=fit_power_law(eig.abs()),
             lambda_1=float(eig.abs().max()) if eig.numel() else 0.0, trace=float(eig.sum()),
             negative_share=float((eig < 0).double().mean()) if eig.numel() else 0.0,
-            frobenius=float(sym.norm()), asymmetry=float((h - h.T).norm()) / norm if norm > 0 else 0.0,
+            frobenius=float(sym.norm()),
             probes=probes_needed(eig, error, delta) if eig.numel() else math.nan,
             error=error, delta=delta, hessian=sym,
         )
@@ -401,54 +372,15 @@ class SpectrumResult:
         return Path(out_dir)
 
 
-def spectrum_figure(result: SpectrumResult):
-    """Log-log plots of ``|lambda_k|`` against ``k``: raw (left) and divided by ``|lambda_1|`` with envelopes (right).
-
-    Filled markers are positive eigenvalues, open markers negative ones; the
-    dashed line on the right is the layer's envelope ``k^-alpha`` (fitted alpha).
-    """
-    import plotly.graph_objects as go
-    from plotly.colors import qualitative
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("|eigenvalue| by rank", "relative to |lambda_1|, with envelope k^-alpha"))
-    kinds = sorted({s.kind for s in result.layers})
-    palette = {kind: qualitative.Plotly[i % len(qualitative.Plotly)] for i, kind in enumerate(kinds)}
-    for s in result.layers:
-        eig = torch.tensor(s.eigenvalues, dtype=torch.float64)
-        mag = eig.abs()
-        keep = mag > 0
-        k = torch.arange(1, eig.numel() + 1)[keep].tolist()
-        symbols = ["circle" if v > 0 else "circle-open" for v in eig[keep].tolist()]
-        color = palette[s.kind]
-        label = f"{s.name} (alpha {s.fit.alpha:.2f})"
-        common = dict(mode="markers+lines", line=dict(width=1, color=color), legendgroup=s.name,
-                      marker=dict(symbol=symbols, size=5, color=color))
-        fig.add_trace(go.Scatter(x=k, y=mag[keep].tolist(), name=label, **common), row=1, col=1)
-        fig.add_trace(go.Scatter(x=k, y=(mag[keep] / s.lambda_1).tolist(), name=label, showlegend=False, **common),
-                      row=1, col=2)
-        if math.isfinite(s.fit.alpha):
-            kk = torch.arange(1, eig.numel() + 1, dtype=torch.float64)
-            fig.add_trace(go.Scatter(x=kk.tolist(), y=kk.pow(-s.fit.alpha).tolist(), mode="lines", showlegend=False,
-                                     legendgroup=s.name, line=dict(dash="dash", width=1, color=color),
-                                     hoverinfo="skip"), row=1, col=2)
-    fig.update_xaxes(type="log", title_text="k (rank by magnitude)")
-    fig.update_yaxes(type="log")
-    fig.update_yaxes(title_text="|lambda_k|", row=1, col=1)
-    fig.update_yaxes(title_text="|lambda_k| / |lambda_1|", row=1, col=2)
-    fig.update_layout(title=f"Hessian spectra in sigma-space (top-{result.top_k} sigmas, {result.batches} batches)",
-                      height=560, legend=dict(font=dict(size=10)))
-    return fig
-
-
 # ------------------------------------------------------------ orchestration
 class SpectrumAnalysis:
     """Measure the Hessian spectrum of chosen layers, averaged over batches.
 
     Args:
         model: a causal LM (or any module whose ``loss_fn`` is differentiable
-            twice); chosen ``nn.Linear`` layers are converted to `BasisLinear`
-            in place and every parameter is frozen except their sigma.
+            twice); the chosen ``nn.Linear`` layers are in Basel form only
+            while they are measured (:func:`measured_layers`), and the model
+            comes back as it was.
         layer_names: names from :func:`select_layers`.
         batches: the mini-batches to average over.
         loss_fn: ``loss_fn(model, batch) -> scalar``, by default the answer-token loss.
@@ -460,7 +392,7 @@ class SpectrumAnalysis:
     """
 
     def __init__(self, model: nn.Module, layer_names: Sequence[str], batches: Sequence[dict],
-                 loss_fn: LossFn | None = None, top_k: int = 128, error: float = 0.1, delta: float = 0.1,
+                 loss_fn: LossFn | None = None, top_k: int = 16, error: float = 0.1, delta: float = 0.1,
                  meta: dict | None = None) -> None:
         if top_k < 1:
             raise BSIError(f"top-k must be >= 1, got {top_k}")
@@ -479,23 +411,22 @@ class SpectrumAnalysis:
 
     def run(self) -> Iterator[SpectrumProgress | SpectrumResult]:
         start = time.perf_counter()
-        layers = prepare_layers(self.model, self.names)
-        positions = [top_positions(layer.sigma, self.top_k) for layer in layers]
-        sums = [torch.zeros(p.numel(), p.numel(), dtype=torch.float64) for p in positions]
-        losses = []
-        with eager_attention(self.model), evaluation_mode(self.model):
+        with measured_layers(self.model, self.names) as layers, eager_attention(self.model):
+            positions = [top_positions(layer.sigma, self.top_k) for layer in layers]
+            sums = [torch.zeros(p.numel(), p.numel(), dtype=torch.float64) for p in positions]
+            losses = []
             for b, batch in enumerate(self.batches):
                 for i, layer in enumerate(layers):
                     # one layer at a time keeps one graph in memory and lets progress flow
-                    loss, (block,) = hessian_blocks(self.model, [layer], [positions[i]], batch, self.loss_fn)
+                    loss, block = layer_hessian(self.model, layer, batch, self.loss_fn, positions[i])
                     sums[i] += block
                     yield SpectrumProgress(b + 1, len(self.batches), self.names[i], i + 1, len(layers), loss,
                                            time.perf_counter() - start)
                 losses.append(loss)
-        spectra = [
-            LayerSpectrum.from_hessian(name, pos, layer.sigma, total / len(self.batches), self.error, self.delta)
-            for name, layer, pos, total in zip(self.names, layers, positions, sums)
-        ]
+            spectra = [
+                LayerSpectrum.from_hessian(name, pos, layer.sigma, total / len(self.batches), self.error, self.delta)
+                for name, layer, pos, total in zip(self.names, layers, positions, sums)
+            ]
         yield SpectrumResult(spectra, self.top_k, len(self.batches), losses, time.perf_counter() - start, self.meta)
 
 

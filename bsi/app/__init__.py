@@ -1,13 +1,18 @@
-"""The dashboard's logic: one module per tab, plot builders, per-session state.
+"""The dashboard's logic: one module per tab, the compression job, formatting, per-session state.
 
 Everything here is importable and testable without a server: each tab module
-holds plain handler functions (inputs in, values or generators of values out)
-and a ``render(...)`` function that lays the tab's components out and wires
-them to those handlers. ``app.py`` at the repository root composes the tabs
-with :func:`bsi.app.build_app` and launches only under ``__main__``.
+(:mod:`~bsi.app.compress`, :mod:`~bsi.app.inspect`, :mod:`~bsi.app.spectra`,
+:mod:`~bsi.app.chat`, :mod:`~bsi.app.compare`) holds plain handler functions
+(inputs in, values or generators of values out) and a ``render(...)``
+function that lays the tab's components out and wires them to those
+handlers; :mod:`bsi.app.job` is the streaming compression job and
+:mod:`bsi.app.format` how numbers and messages are written. The figures are
+:mod:`bsi.analysis.figures` and the maths is the library's: the tabs only
+call them. ``app.py`` at the repository root composes the tabs with
+:func:`bsi.app.build_app` and launches only under ``__main__``.
 
 Gradio is imported lazily (inside ``render`` and ``build_app``), so the
-handlers and :mod:`bsi.app.plots` work with only the core dependencies.
+handlers work with only the core dependencies.
 """
 
 from __future__ import annotations

@@ -21,21 +21,34 @@ from bsi.chat import ChatSession
 from bsi.errors import BSIError
 from bsi.pipeline.export import read_meta
 from bsi.method.surgery import model_parameters
+from bsi.app.format import in_app_words, number_text
 from bsi.app.state import LoadedModel, Session, Visitors, session_hash_of, with_request
+from bsi.models import TINY_MODEL
 
 SIDES = ("compressed", "original")
 EMPTY_REPLY = "(no text: the model ended its turn at once or produced only special tokens)"
+TINY_NOTE = ("The tiny random Llama has untrained, random weights: it is here to try the app in seconds (a run, "
+             "the plots, the Inspect table, this chat's streaming), and its replies are meaningless tokens, or "
+             "nothing at all. For real answers, compress the embedded SmolLM2-135M-Instruct.")
+TINY_EMPTY_REPLY = "(no text: the tiny random model produced only special tokens; its weights are random, see above)"
+
+
+def is_tiny(session: Session) -> bool:
+    """True when the loaded models are the tiny random Llama (for tests and trying the app)."""
+    return session.compressed is not None and session.compressed.source == TINY_MODEL
 
 
 def sizes_text(session: Session) -> str:
-    """Which models are loaded and how large each is."""
+    """Which models are loaded and how large each is (and, for the tiny random model, what it is for)."""
     if session.compressed is None:
         return "No compressed model yet: run a compression (Compress tab) or load a saved folder below."
     parts = [f"**compressed**: {session.compressed.params:,} parameters"]
     if session.original is not None:
         ratio = session.original.params / max(session.compressed.params, 1)
-        parts.append(f"**{session.original.label}**: {session.original.params:,} parameters ({ratio:.2f}x larger)")
-    return " · ".join(parts)
+        parts.append(f"**{session.original.label}**: {session.original.params:,} parameters "
+                     f"({number_text(ratio)}x larger)")
+    text = " · ".join(parts)
+    return f"{text}\n\n{TINY_NOTE}" if is_tiny(session) else text
 
 
 def load_folder(session: Session, folder: str) -> str:
@@ -46,26 +59,27 @@ def load_folder(session: Session, folder: str) -> str:
         raise BSIError("this session has ended; reload the page")
     folder = (folder or "").strip()
     if not folder:
-        raise BSIError("type the folder of a compressed model (what `bsi compress --out` wrote)")
+        raise BSIError("type the folder of a compressed model (one the Compress tab's 'Save to folder' or "
+                       "`bsi compress` wrote)")
     path = Path(folder).expanduser()
     meta = read_meta(path)
     model, tokenizer = load_model_and_tokenizer(str(path))
-    session.compressed = LoadedModel(model, tokenizer, "compressed", model_parameters(model))
     source = meta.get("source_model")
+    session.compressed = LoadedModel(model, tokenizer, "compressed", model_parameters(model), source=source or "")
     session.original = None
     if source:
         original, original_tok = load_model_and_tokenizer(source)
         session.original = LoadedModel(original, original_tok, f"original ({source}, not fine-tuned)",
-                                       model_parameters(original))
+                                       model_parameters(original), source=source)
     session.chats = {}
     return sizes_text(session)
 
 
-def _history(chat: ChatSession | None, pending: tuple[str, str] | None = None) -> list[dict]:
+def _history(chat: ChatSession | None, pending: tuple[str, str] | None = None, empty: str = EMPTY_REPLY) -> list[dict]:
     messages = [dict(m) for m in chat.history] if chat is not None else []
     for m in messages:
-        if m["role"] == "assistant" and not m["content"]:
-            m["content"] = EMPTY_REPLY
+        if m["role"] == "assistant" and not m["content"].strip():  # nothing visible: say so
+            m["content"] = empty
     if pending is not None:
         messages += [{"role": "user", "content": pending[0]}, {"role": "assistant", "content": pending[1]}]
     return messages
@@ -101,15 +115,16 @@ def _stream(session: Session, message: str, max_new_tokens: int) -> Iterator[tup
             session.chats[side].max_new_tokens = int(max_new_tokens)
     streams = {side: session.chats[side].stream_reply(message) for side in SIDES if side in session.chats}
     replies = {side: "" for side in streams}
+    empty = TINY_EMPTY_REPLY if is_tiny(session) else EMPTY_REPLY
     while streams:
         for side in list(streams):
             try:
                 replies[side] += next(streams[side])
             except StopIteration:
                 del streams[side]
-        yield tuple(_history(session.chats.get(side), (message, replies[side]) if side in streams else None)
+        yield tuple(_history(session.chats.get(side), (message, replies[side]) if side in streams else None, empty)
                     for side in SIDES)  # type: ignore[misc]
-    yield tuple(_history(session.chats.get(side)) for side in SIDES)  # type: ignore[misc]
+    yield tuple(_history(session.chats.get(side), empty=empty) for side in SIDES)  # type: ignore[misc]
 
 
 def clear(session: Session) -> tuple[list, list]:
@@ -136,7 +151,7 @@ def render(session_state, visitors: Visitors | None = None):
         max_tokens = gr.Slider(8, 256, value=64, step=8, label="max new tokens")
         clear_button = gr.Button("Clear", size="sm")
     with gr.Accordion("Load a saved compressed model", open=False):
-        folder = gr.Textbox(label="Folder written by `bsi compress --out` or the app's 'Save to folder'")
+        folder = gr.Textbox(label="Folder written by the Compress tab's 'Save to folder' (or by `bsi compress`)")
         load_button = gr.Button("Load", size="sm")
 
     @with_request
@@ -146,7 +161,7 @@ def render(session_state, visitors: Visitors | None = None):
             for histories in respond(session, text, tokens):
                 yield histories[0], histories[1], sizes_text(session)
         except BSIError as err:
-            yield gr.skip(), gr.skip(), f"**Error:** {err}"
+            yield gr.skip(), gr.skip(), f"**Error:** {in_app_words(str(err))}"
 
     @with_request
     def on_load(request, session, path):
@@ -154,7 +169,7 @@ def render(session_state, visitors: Visitors | None = None):
         try:
             return load_folder(session, path), [], []
         except BSIError as err:
-            return f"**Error:** {err}", gr.skip(), gr.skip()
+            return f"**Error:** {in_app_words(str(err))}", gr.skip(), gr.skip()
 
     send.click(on_send, [session_state, message, max_tokens], [left, right, sizes], concurrency_limit=4,
                api_name="chat").then(lambda: "", None, message)

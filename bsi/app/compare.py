@@ -1,9 +1,12 @@
-"""Compare tab: a sweep's results, accuracy against size.
+"""Compare tab: a sweep's results, accuracy and loss against size.
 
 A sweep writes ``DIR/results.jsonl``, one JSON object per finished run with
 at least ``method``, ``target``, ``params_total``, ``accuracy`` (in [0, 1])
 and ``loss``; other fields are kept and ignored. :func:`load_results` reads
-and checks it (a bad line is named), the table and figure come from the rows.
+and checks it (a bad line is named); the figure is the sweep's own
+``figure.html`` (:func:`bsi.analysis.figures.results_figure`: an accuracy and
+a loss panel) and the table shows sizes in millions and numbers to four
+significant figures.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from pathlib import Path
 
 from bsi.errors import BSIError
 
+from bsi.app.format import significant
+
 REQUIRED = ("method", "target", "params_total", "accuracy", "loss")
-COLUMNS = ["method", "target", "params_total", "accuracy", "loss"]
+HEADERS = ["method", "target", "params (M)", "accuracy (%)", "loss"]
 
 
 def results_path(spec: str) -> Path:
@@ -56,37 +61,39 @@ def load_results(spec: str) -> list[dict]:
 
 
 def table(rows: Sequence[dict]) -> list[list]:
-    """Rows sorted by method then size, as lists in :data:`COLUMNS` order."""
+    """Rows sorted by method then size, as lists in :data:`HEADERS` order (four significant figures)."""
     ordered = sorted(rows, key=lambda r: (str(r["method"]), -r["params_total"]))
     out = []
     for r in ordered:
         loss = r["loss"] if isinstance(r["loss"], (int, float)) and math.isfinite(r["loss"]) else None
-        out.append([r["method"], r["target"], int(r["params_total"]), round(100 * r["accuracy"], 2), loss])
+        out.append([r["method"], r["target"], significant(r["params_total"] / 1e6), significant(100 * r["accuracy"]),
+                    significant(loss)])
     return out
 
 
 def view(spec: str):
     """(status, figure, table) for a sweep folder."""
-    from bsi.app import plots
+    from bsi.analysis.figures import results_figure
 
     rows = load_results(spec)
     methods = sorted({str(r["method"]) for r in rows})
-    return f"{len(rows)} runs, methods: {', '.join(methods)}", plots.compare_figure(rows), table(rows)
+    return f"{len(rows)} runs, methods: {', '.join(methods)}", results_figure(rows), table(rows)
 
 
 def render(default_dir: str = "runs/sweep"):
     """Lay out the Compare tab."""
     import gradio as gr
 
-    from bsi.app import plots
+    from bsi.analysis.figures import results_figure
 
     with gr.Row():
-        folder = gr.Textbox(value=default_dir, label="Sweep folder (holds results.jsonl)", scale=4)
+        folder = gr.Textbox(value=default_dir, label="Sweep folder (holds results.jsonl, written by `bsi sweep`)",
+                            scale=4)
         load = gr.Button("Load", variant="primary", scale=1)
     status = gr.Markdown()
-    figure = gr.Plot(plots.compare_figure([]), label="Accuracy vs size")
-    frame = gr.Dataframe(headers=["method", "target", "params_total", "accuracy (%)", "loss"], value=[],
-                         interactive=False, label="Runs")
+    figure = gr.Plot(results_figure([]), label="Accuracy and loss against size")
+    frame = gr.Dataframe(headers=HEADERS, value=[], interactive=False, label="Runs",
+                         datatype=["str", "number", "number", "number", "number"])
 
     def on_load(spec):
         try:

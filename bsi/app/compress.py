@@ -1,77 +1,123 @@
-"""Compress tab: the form, its validation, and the streaming job.
+"""Compress tab: the form, its validation, and the tab's layout.
 
-The job is :meth:`bsi.pipeline.runner.Pipeline.run` consumed by a generator,
-:func:`run_job`, which turns reports into :class:`JobView` snapshots (status
-line, loss curve, parameters per round, rank heatmap, log). It
-
-* validates the whole form *before* taking the server's job board, so a typo
-  never blocks anybody;
-* takes the :class:`~bsi.app.state.JobBoard` without waiting; when another
-  visitor's job holds it, yields a single "busy" view and stops;
-* checks the session's cancel flag after every report (every optimisation
-  step), so Cancel stops the run within one step; the pipeline generator is
-  closed and its model dropped, and the board freed, whatever happens
-  (including ``GeneratorExit``: Gradio closes the generator when its client
-  cancels the event or drops the stream, and the visitor leaving raises the
-  cancel flag, see :class:`~bsi.app.state.Visitors`);
-* throttles views to one per ``min_interval`` seconds between steps (round,
-  stage and evaluation reports always produce one).
+The form's method inputs are *knobs* (:class:`Knob`), each bound to one field
+of the configuration: its help text, its choices and its preset value come
+from the field's metadata (:func:`bsi.config.field_help`, ``metadata["choices"]``),
+so a setting added to :mod:`bsi.config` needs one line here, not a hand-made
+list. :func:`build_config` turns the form into a validated
+:class:`~bsi.config.PipelineConfig` through :func:`bsi.config.make_config`
+(giving a ratio sets the size mode, see :func:`bsi.config.implied_updates`),
+and words every refusal with the form's own labels. The running job is
+:mod:`bsi.app.job`.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
-import time
-from collections.abc import Iterator
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bsi.config import PRESETS, PipelineConfig, make_config
+from bsi.app.format import in_app_words, number_text
+from bsi.app.state import JobBoard, Visitors
+from bsi.config import PRESETS, CompressConfig, PipelineConfig, RecoverConfig, field_help, make_config
 from bsi.data import EMBEDDED_TASK, read_jsonl
 from bsi.errors import BSIError
-from bsi.method.scores import SCORES, eps_rule, fraction_bits
-from bsi.models import EMBEDDED_MODEL, TINY_MODEL
-from bsi.models import resolve_device, resolve_dtype
-from bsi.pipeline.runner import Pipeline
-from bsi.method.surgery import compressible_linear_names, compressible_parameters, model_parameters
-from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
-from bsi.app import plots
-from bsi.app.state import JobBoard, LoadedModel, Session, Visitors, session_hash_of, with_request
+from bsi.files import check_output_dir
+from bsi.method.scores import eps_rule, fraction_bits
+from bsi.method.surgery import sigma_max
+from bsi.models import EMBEDDED_MODEL, TINY_MODEL, resolve_device, resolve_dtype
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 """Largest JSONL upload accepted (20 MB); the server also refuses bigger files."""
 
 MODEL_SOURCES = [
     ("Embedded default: SmolLM2-135M-Instruct", "embedded"),
-    ("Tiny random Llama (seconds; for trying the app)", "tiny"),
+    ("Tiny random Llama (seconds; for trying the app, its answers are noise)", "tiny"),
     ("Hugging Face hub id", "hub"),
     ("Local folder", "path"),
 ]
 DATA_SOURCES = [("Embedded task: generated math word problems", "embedded"), ("Upload a JSONL file", "upload")]
-SIZE_MODES = [("KeepRatio (importance-mass rule)", "keep"), ("Target size (compressible layers after / before)", "target")]
+SECTIONS = {"compress": CompressConfig, "recover": RecoverConfig}
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One input of the form, bound to field ``name`` of config section ``section``."""
+
+    attr: str  # the Form attribute
+    section: str  # "compress" or "recover"
+    name: str  # the field in that section's dataclass
+    label: str
+
+    @property
+    def spec(self) -> dataclasses.Field:
+        return {f.name: f for f in dataclasses.fields(SECTIONS[self.section])}[self.name]
+
+    @property
+    def help(self) -> str:
+        return field_help(SECTIONS[self.section], self.name)
+
+    @property
+    def choices(self) -> tuple | None:
+        return self.spec.metadata.get("choices")
+
+    @property
+    def integer(self) -> bool:
+        return str(self.spec.type).startswith("int")
+
+    def value_in(self, config: PipelineConfig) -> Any:
+        return getattr(getattr(config, self.section), self.name)
+
+
+#: The method's inputs, in the order the form shows them (after the preset).
+KNOBS = (
+    Knob("size_mode", "compress", "size_mode", "Size mode"),
+    Knob("rounds", "compress", "rounds", "Rounds T"),
+    Knob("gamma", "compress", "gamma", "gamma (pool exponent)"),
+    Knob("score", "compress", "score", "Score"),
+    Knob("bases", "compress", "bases", "Bases"),
+    Knob("curvature", "compress", "curvature", "Curvature"),
+    Knob("probe_scope", "compress", "probe_scope", "Probe scope"),
+    Knob("eps", "compress", "eps", "eps (0 = the rule)"),
+    Knob("recover_train", "recover", "train", "Recovery trains"),
+    Knob("recover_distill", "recover", "distill", "Recovery distillation weight"),
+)
+KNOB = {knob.attr: knob for knob in KNOBS}
+#: The ratio each size mode reads (the form's one "ratio" input writes the one that applies).
+RATIOS = {"target": Knob("size_value", "compress", "target_ratio", "Target ratio"),
+          "keep": Knob("size_value", "compress", "keep_ratio", "KeepRatio")}
+HUTCHINSON_ONLY = ("probe_scope", "eps")
+#: Configuration field -> the form's label for it (for messages, :func:`bsi.app.format.in_app_words`).
+LABELS = {knob.name: knob.label for knob in (*KNOBS, *RATIOS.values())}
 
 
 @dataclass
 class Form:
-    """The Compress tab's inputs, in the order the UI lists them."""
+    """The Compress tab's inputs, in the order the UI lists them (the API's argument order)."""
 
     model_source: str = "embedded"
     model_name: str = ""
     trust_remote_code: bool = False
     data_source: str = "embedded"
     data_file: str | None = None
-    size_mode: str = "keep"
-    size_value: float = 0.6
-    eps: float = 0.0  # 0: the rule
+    preset: str = "default"
+    size_mode: str = "target"
+    size_value: float = 0.7
     rounds: int = 4
     gamma: float = 1.0
-    probe_scope: str = "model"
     score: str = "bsi"
-    preset: str = "default"
+    bases: str = "whitened"
+    curvature: str = "fisher"
+    probe_scope: str = "layer"
+    eps: float = 0.0  # 0: the rule
+    recover_train: str = "factors"
+    recover_distill: float = 0.0
     out_dir: str = ""
 
     @classmethod
@@ -79,11 +125,11 @@ class Form:
         """The form as a preset fills it (the tiny model for ``smoke``, else the embedded one)."""
         if preset not in PRESETS:
             raise BSIError(f"unknown preset '{preset}': use one of {', '.join(PRESETS)}")
-        comp = make_config(preset).compress
+        config = make_config(preset)
+        values = {knob.attr: knob.value_in(config) for knob in KNOBS}
+        values["eps"] = values["eps"] or 0.0
         model = "tiny" if PRESETS[preset].get("model") == TINY_MODEL else "embedded"
-        mode, value = comp.size_mode, comp.ratio
-        return cls(model_source=model, size_mode=mode, size_value=float(value), rounds=comp.rounds,
-                   gamma=comp.gamma, probe_scope=comp.probe_scope, score=comp.score, preset=preset)
+        return cls(model_source=model, preset=preset, size_value=float(config.compress.ratio), **values)
 
 
 # ------------------------------------------------------------------ validation
@@ -96,16 +142,16 @@ def model_spec(form: Form) -> str:
     name = (form.model_name or "").strip()
     if form.model_source == "hub":
         if not name:
-            raise BSIError("model: type a Hugging Face hub id such as HuggingFaceTB/SmolLM2-360M-Instruct")
+            raise BSIError("Model: type a Hugging Face hub id such as HuggingFaceTB/SmolLM2-360M-Instruct")
         return name
     if form.model_source == "path":
         if not name:
-            raise BSIError("model: type the path of a local model folder")
+            raise BSIError("Model: type the path of a local model folder")
         path = Path(name).expanduser()
         if not path.is_dir():
-            raise BSIError(f"model: local folder '{name}' does not exist")
+            raise BSIError(f"Model: local folder '{name}' does not exist")
         return str(path)
-    raise BSIError(f"model source must be one of {', '.join(v for _, v in MODEL_SOURCES)}, got '{form.model_source}'")
+    raise BSIError(f"Model: choose one of {', '.join(label for label, _ in MODEL_SOURCES)}")
 
 
 def validate_upload(path: str | None) -> int:
@@ -139,243 +185,141 @@ def upload_message(path: str | None) -> str:
         return f"Error: {err}"
 
 
+def read_knob(knob: Knob, value: Any) -> Any:
+    """The form's value for ``knob``, checked against the field's type and choices (BSIError naming the label)."""
+    if knob.choices is not None:
+        if value not in knob.choices:
+            raise BSIError(f"{knob.label}: choose one of {', '.join(map(str, knob.choices))}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BSIError(f"{knob.label}: type a number")
+    if knob.integer:
+        if float(value) != int(value):
+            raise BSIError(f"{knob.label} must be a whole number, got {number_text(value)}")
+        return int(value)
+    return float(value)
+
+
+def most_rounds(compress: CompressConfig) -> int:
+    """The most rounds the schedule of ``compress`` can run (every round needs at least 2 iterations)."""
+    trial = copy.copy(compress)  # the config's own schedule arithmetic, without re-validating
+    best = 1
+    for rounds in range(1, compress.total_iters + 1):
+        trial.rounds = rounds
+        if trial.round_length < 2:
+            break
+        best = rounds
+    return best
+
+
+def check_rounds(preset: str, rounds: int) -> None:
+    """Refuse more rounds than the preset's pruning stage has room for, naming the form's fields."""
+    if preset not in PRESETS:
+        raise BSIError(f"Preset: choose one of {', '.join(PRESETS)}")
+    compress = make_config(preset).compress
+    most = most_rounds(compress)
+    if rounds > most:
+        longer = [name for name in PRESETS if make_config(name).compress.total_iters > compress.total_iters]
+        hint = f", or a preset with a longer pruning stage ({', '.join(longer)})" if longer else ""
+        raise BSIError(f"Rounds T: {rounds} rounds do not fit the {preset} preset, whose pruning stage has "
+                       f"{compress.total_iters} iterations and every round needs at least 2: choose at most "
+                       f"{most} rounds{hint}")
+
+
 def build_config(form: Form) -> PipelineConfig:
-    """A validated :class:`PipelineConfig` from the form (raises BSIError naming the field)."""
+    """A validated :class:`PipelineConfig` from the form (raises BSIError naming the form's field)."""
     data = EMBEDDED_TASK
     if form.data_source == "upload":
         validate_upload(form.data_file)
         data = str(form.data_file)
-    try:
-        rounds = int(form.rounds)
-    except (TypeError, ValueError):
-        raise BSIError(f"rounds must be an integer >= 1, got {form.rounds!r}") from None
-    if rounds != form.rounds:
-        raise BSIError(f"rounds must be an integer >= 1, got {form.rounds}")
-    if form.size_mode not in ("keep", "target"):
-        raise BSIError(f"size mode must be keep or target, got '{form.size_mode}'")
-    compress: dict[str, Any] = {
-        "rounds": rounds, "gamma": float(form.gamma), "probe_scope": form.probe_scope, "score": form.score,
-        "eps": float(form.eps) if form.eps else None,
-        ("keep_ratio" if form.size_mode == "keep" else "target_ratio"): float(form.size_value),
-        "size_mode": form.size_mode,
-    }
+    values = {knob.attr: read_knob(knob, getattr(form, knob.attr)) for knob in KNOBS}
+    ratio = RATIOS[values["size_mode"]]
+    sections: dict[str, dict[str, Any]] = {"compress": {}, "recover": {}}
+    for knob in KNOBS:
+        if knob.attr != "size_mode":  # the ratio given implies it (bsi.config.implied_updates)
+            sections[knob.section][knob.name] = values[knob.attr]
+    sections["compress"][ratio.name] = read_knob(ratio, form.size_value)
+    sections["compress"]["eps"] = values["eps"] or None  # 0: the rule
+    check_rounds(form.preset, values["rounds"])
     overrides = {"model": model_spec(form), "data": data, "trust_remote_code": bool(form.trust_remote_code),
-                 "compress": compress}
-    return make_config(form.preset, overrides)
+                 **sections}
+    try:
+        return make_config(form.preset, overrides)
+    except BSIError as err:
+        raise BSIError(in_app_words(str(err), LABELS)) from None
 
 
-def check_out_dir(out_dir: str) -> str | None:
-    """The optional output folder: None when empty."""
-    out_dir = (out_dir or "").strip()
-    return out_dir or None
+# ------------------------------------------------------------ output folder
+def checkpoint_progress(folder: Path) -> tuple[int, int] | None:
+    """(rounds done, rounds in all) of the interrupted run checkpointed in ``folder``, or None."""
+    from bsi.pipeline.checkpoint import PLAIN
+    from bsi.pipeline.runner import CHECKPOINT
+
+    state = folder / CHECKPOINT / PLAIN
+    if not state.is_file():
+        return None
+    try:
+        plain = json.loads(state.read_text(encoding="utf-8"))
+        return len(plain["rounds"]), int(plain["pipeline_config"]["compress"]["rounds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, 0  # unreadable: Resume reports the damage
+
+
+def output_folder(out_dir: str, resume: bool = False) -> Path | None:
+    """The 'Save to folder' input, checked before any work (None when empty).
+
+    A folder holding an interrupted run is refused for a new run (press
+    Resume instead); for Resume it must hold one.
+    """
+    text = (out_dir or "").strip()
+    if not text:
+        if resume:
+            raise BSIError("Resume: type the folder of the interrupted run in 'Save to folder'")
+        return None
+    try:
+        folder = check_output_dir(text)
+    except BSIError as err:
+        raise BSIError(in_app_words(str(err), LABELS)) from None
+    progress = checkpoint_progress(folder)
+    if resume and progress is None:
+        raise BSIError(f"Resume: '{text}' holds no interrupted run to continue")
+    if not resume and progress is not None:
+        raise BSIError(f"'Save to folder' {text} holds an interrupted run ({progress[0]} of {progress[1]} rounds "
+                       "done): press Resume to continue it, or choose another folder")
+    return folder
 
 
 # ------------------------------------------------------------------ eps rule
-def sigma_max_of(model: torch.nn.Module) -> float:
-    """Largest singular value over the compressible linear layers (the eps rule's scale)."""
-    modules = dict(model.named_modules())
-    best = 0.0
-    with torch.no_grad():
-        for name in compressible_linear_names(model):
-            weight = modules[name].weight.detach().float()  # (out, in)
-            best = max(best, float(torch.linalg.matrix_norm(weight, ord=2)))
-    return best
-
-
-def eps_rule_text(sigma_max: float | None, dtype: torch.dtype = torch.float32, alpha: float = 0.01,
+def eps_rule_text(value_of_sigma_max: float | None, dtype: torch.dtype = torch.float32, alpha: float = 0.01,
                   eps_max: float = 0.1) -> str:
-    """The rule of METHOD.md sec. 4 with its value, for the label next to the eps field."""
+    """The eps rule with its value, for the label next to the eps field.
+
+    The hutchinson curvature perturbs sigma by ``eps``; the rule picks the
+    smallest step whose rounding error stays below ``alpha`` of the change:
+    ``min(2^-(f+1) * sigma_max / alpha, eps_max)`` with ``f`` the dtype's
+    fraction bits (:func:`bsi.method.scores.eps_rule`).
+    """
     f = fraction_bits(dtype)
     name = str(dtype).removeprefix("torch.")
-    if sigma_max is None:
+    if value_of_sigma_max is None:
         return (f"eps rule: min(2^-(f+1) * sigma_max / alpha, {eps_max}) with f = {f} ({name}), alpha = {alpha}; "
-                "press *Compute* (or start a run) to evaluate it for this model.")
-    value = eps_rule(sigma_max, dtype, alpha, eps_max)
-    return (f"eps rule: min(2^-{f + 1} * {sigma_max:.4g} / {alpha}, {eps_max}) = **{value:.3g}** "
-            f"({name}, sigma_max = {sigma_max:.4g})")
+                "press *Compute the rule* (or start a run) to evaluate it for this model.")
+    value = eps_rule(value_of_sigma_max, dtype, alpha, eps_max)
+    return (f"eps rule: min(2^-{f + 1} * {number_text(value_of_sigma_max)} / {alpha}, {eps_max}) = "
+            f"**{number_text(value)}** ({name}, sigma_max = {number_text(value_of_sigma_max)})")
 
 
-def compute_eps_rule(session: Session, form: Form) -> str:
-    """Load the chosen model (on CPU, in the run's dtype) and show the rule's value for it."""
+def compute_eps_rule(form: Form) -> str:
+    """Load the chosen model (on CPU) and show the rule's value for it in the run's dtype."""
     config = build_config(form)
     from bsi.models import load_model_and_tokenizer
 
     dtype = resolve_dtype(config.dtype, resolve_device(config.device))
-    model, _ = load_model_and_tokenizer(config.model, dtype=torch.float32,
-                                        trust_remote_code=config.trust_remote_code)
-    value = sigma_max_of(model)
+    model, _ = load_model_and_tokenizer(config.model, dtype=torch.float32, trust_remote_code=config.trust_remote_code)
+    value = sigma_max(model)
     del model
     gc.collect()
     return eps_rule_text(value, dtype, config.compress.eps_alpha, config.compress.eps_max)
-
-
-# ------------------------------------------------------------------ the job
-@dataclass
-class JobView:
-    """One snapshot of the running job, as the tab shows it."""
-
-    status: str
-    loss: Any
-    params: Any
-    ranks: Any
-    log: str
-    rounds: list[int]
-    layers: list[str]
-    eps_text: str | None = None
-
-
-def snapshot(session: Session, status: str, eps_text: str | None = None) -> JobView:
-    """Build the figures and the log from the session's records."""
-    layers = [layer.name for layer in session.rounds[0].layers] if session.rounds else []
-    return JobView(
-        status=status,
-        loss=plots.loss_figure(session.steps),
-        params=plots.params_figure(session.rounds, session.params_before, session.compressible_before),
-        ranks=plots.rank_heatmap(session.rounds),
-        log="\n".join(session.log[-300:]),
-        rounds=[r.round for r in session.rounds],
-        layers=layers,
-        eps_text=eps_text,
-    )
-
-
-def _status(phase: str, session: Session, config: PipelineConfig, extra: str = "") -> str:
-    done = len(session.rounds)
-    parts = [f"**{phase}**", f"model `{config.model}`", f"round {done}/{config.compress.rounds}"]
-    if session.steps:
-        stage, _, loss = session.steps[-1]
-        parts.append(f"last step: {stage}, loss {loss:.4f}")
-    return " · ".join(parts) + (f" · {extra}" if extra else "")
-
-
-def _describe(report: Any) -> str | None:
-    """A log line for a report (None for the steps that are not logged)."""
-    if isinstance(report, StageReport):
-        cached = " (cached)" if report.cached else ""
-        return f"{report.stage} {report.event}{cached}" + (f": {report.detail}" if report.detail else "")
-    if isinstance(report, RoundReport):
-        pruned = sum(layer.rank_before - layer.rank_after for layer in report.layers)
-        return (f"round {report.round}/{report.total_rounds}: pruned {pruned} bases, "
-                f"{report.params_total:,} params ({report.compressible_ratio:.1%} of the compressible layers), "
-                f"mean loss {report.mean_loss:.4f}, eps {report.eps:.3g}, {report.elapsed:.1f} s")
-    if isinstance(report, EvalReport):
-        return (f"evaluate {report.when}: accuracy {report.accuracy:.1%}, loss {report.loss:.4f} on "
-                f"{report.examples} examples, {report.params_total:,} params ({report.seconds:.1f} s)")
-    if isinstance(report, StepReport) and (report.step == 1 or report.step == report.total_steps or report.step % 10 == 0):
-        return f"{report.stage} step {report.step}/{report.total_steps}: loss {report.loss:.4f} ({report.elapsed:.1f} s)"
-    return None
-
-
-def _done_status(summary: dict) -> str:
-    before, after = summary.get("metrics_before"), summary.get("metrics_after")
-    acc = ""
-    if before and after:
-        acc = f" · accuracy {before['accuracy']:.1%} → {after['accuracy']:.1%}"
-    return (f"**Done** in {summary['seconds']:.0f} s · params {summary['params_before']:,} → "
-            f"{summary['params_after']:,} ({summary['compression_ratio']:.2f}x; compressible layers at "
-            f"{summary['compressible_ratio']:.1%}){acc} · chat with it in the Chat tab")
-
-
-def run_job(board: JobBoard, session: Session, form: Form, min_interval: float = 1.0) -> Iterator[JobView]:
-    """Run the pipeline for ``form``, yielding views; see the module docstring for the guarantees."""
-    if session.closed:
-        yield snapshot(session, "**Closed:** this session has ended; reload the page to start again.")
-        return
-    if session.running:
-        yield snapshot(session, "**Already running** in this tab: press Cancel first.")
-        return
-    try:
-        config = build_config(form)
-        out_dir = check_out_dir(form.out_dir)
-        pipeline = Pipeline(config, out_dir=out_dir)
-    except BSIError as err:
-        yield snapshot(session, f"**Error:** {err}")
-        return
-    if not board.try_acquire(f"{config.model}, preset {config.preset}"):
-        yield snapshot(session, f"**{board.busy_message()}**")
-        return
-    session.reset_run()
-    session.running, session.config = True, config
-    try:
-        yield from _drive(pipeline, session, config, min_interval)
-    except BSIError as err:
-        session.add_log(f"error: {err}")
-        yield snapshot(session, f"**Error:** {err}")
-    finally:
-        session.running = False
-        session.cancel_requested = False
-        del pipeline
-        gc.collect()
-        board.release()
-
-
-def _drive(pipeline: Pipeline, session: Session, config: PipelineConfig, min_interval: float) -> Iterator[JobView]:
-    reports = pipeline.run()
-    session.add_log(f"start: model {config.model}, data {config.data}, preset {config.preset}")
-    yield snapshot(session, _status("Starting", session, config, "loading the model"))
-    last = 0.0
-    eps_text = None
-    dense_copy = None
-    try:
-        for report in reports:
-            if session.cancel_requested:
-                if session.closed:
-                    session.add_log("stopped: the visitor left")
-                    return
-                session.add_log("cancelled by the user")
-                yield snapshot(session, "**Cancelled.** The run stopped and its memory was freed; press Start to run again.")
-                return
-            if isinstance(report, StepReport):
-                session.steps.append((report.stage, len(session.steps) + 1, report.loss))
-            elif isinstance(report, RoundReport):
-                if not session.rounds:
-                    session.initial_ranks = {layer.name: layer.rank_before for layer in report.layers}
-                    dtype = pipeline.dtype
-                    f = fraction_bits(dtype)
-                    eps_text = (f"eps used: **{report.eps:.3g}**" + ("" if config.compress.eps is not None else
-                                f" (the rule, {str(dtype).removeprefix('torch.')}, f = {f})"))
-                session.rounds.append(report)
-            elif isinstance(report, EvalReport):
-                session.evals.append(report)
-            elif isinstance(report, StageReport) and report.stage == "compress" and report.event == "start":
-                session.params_before = model_parameters(pipeline.model)
-                _, session.compressible_before = compressible_parameters(pipeline.model)
-                dense_copy = copy.deepcopy(pipeline.model)  # the chat tab's "original": what was compressed
-            elif isinstance(report, DoneReport):
-                session.summary = report.summary
-            line = _describe(report)
-            if line:
-                session.add_log(line)
-            now = time.perf_counter()
-            if not isinstance(report, StepReport) or now - last >= min_interval:
-                last = now
-                if isinstance(report, DoneReport):
-                    break
-                yield snapshot(session, _status("Running", session, config), eps_text)
-    finally:
-        reports.close()
-    if session.summary is None or session.closed:
-        return
-    tokenizer = pipeline.tokenizer
-    session.compressed = LoadedModel(pipeline.model.eval(), tokenizer, "compressed", model_parameters(pipeline.model))
-    if dense_copy is not None:
-        session.original = LoadedModel(dense_copy.eval(), tokenizer, "original (dense, before compression)",
-                                       model_parameters(dense_copy))
-    saved = f" · saved to `{pipeline.out_dir}`" if pipeline.out_dir is not None else ""
-    yield snapshot(session, _done_status(session.summary) + saved, eps_text)
-
-
-def cancel_job(session: Session) -> str:
-    """Ask this tab's running job to stop (it does at its next step)."""
-    if not session.running:
-        return "Nothing to cancel: no job is running in this tab."
-    session.cancel_requested = True
-    return "**Cancelling…** the job stops after the current step."
-
-
-PRESET_NAMES = list(PRESETS)
-__all__ = ["Form", "JobView", "run_job", "cancel_job", "build_config", "validate_upload", "eps_rule_text",
-           "compute_eps_rule", "MODEL_SOURCES", "DATA_SOURCES", "SIZE_MODES", "SCORES", "PRESET_NAMES"]
 
 
 # ------------------------------------------------------------------ the tab
@@ -387,102 +331,156 @@ class CompressTab:
     connect: Any = None  # connect(round_dropdown, layer_dropdown): wire Start once the Inspect tab exists
 
 
-def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visitors | None = None) -> CompressTab:
-    """Lay out the Compress tab inside the current Blocks and wire its events.
+def _knob_input(knob: Knob, value: Any, visible: bool = True):
+    """The input for one knob: radio buttons for a field with choices, else a number box (help as its info).
 
-    Start is wired by the returned tab's ``connect(round, layer)``, given the
-    Inspect tab's dropdowns, which the job fills as rounds finish.
+    Number boxes get no minimum or maximum: :func:`build_config` checks the
+    value and answers with one message, instead of Gradio's error badges.
     """
     import gradio as gr
 
-    with gr.Row():
-        with gr.Column(scale=2, min_width=320):
-            gr.Markdown("### Model and data")
-            model_source = gr.Radio(MODEL_SOURCES, value=defaults.model_source, label="Model")
-            model_name = gr.Textbox(value=defaults.model_name, label="Hub id or local folder",
-                                    placeholder="HuggingFaceTB/SmolLM2-360M-Instruct or /path/to/model",
-                                    visible=defaults.model_source in ("hub", "path"))
-            trust = gr.Checkbox(value=False, label="Trust remote code (runs code from the model's repository)",
-                                visible=defaults.model_source in ("hub", "path"))
-            data_source = gr.Radio(DATA_SOURCES, value=defaults.data_source, label="Task data")
-            data_file = gr.File(label=f"JSONL upload (question/answer per line, <= {MAX_UPLOAD_BYTES // 2**20} MB)",
-                                file_types=[".jsonl"], type="filepath", visible=defaults.data_source == "upload")
-            upload_status = gr.Markdown()
-            gr.Markdown("### Method")
-            preset = gr.Dropdown(PRESET_NAMES, value=defaults.preset, label="Preset (schedule, fine-tune and recovery steps)")
-            with gr.Row():
-                size_mode = gr.Radio(SIZE_MODES, value=defaults.size_mode, label="How much to prune")
-                size_value = gr.Number(value=defaults.size_value, label="KeepRatio / target ratio", minimum=0.01, maximum=1)
-            with gr.Row():
-                rounds = gr.Number(value=defaults.rounds, label="Rounds T", precision=0, minimum=1)
-                gamma = gr.Number(value=defaults.gamma, label="gamma (pool exponent)", minimum=0.01)
-            with gr.Row():
-                probe_scope = gr.Radio(["model", "layer"], value=defaults.probe_scope, label="Probe scope")
-                score = gr.Radio(list(SCORES), value=defaults.score, label="Score")
-            with gr.Row():
-                eps = gr.Number(value=defaults.eps, label="eps (0 = the rule)", minimum=0, maximum=0.999)
-                eps_button = gr.Button("Compute the rule", size="sm")
-            eps_text = gr.Markdown(eps_rule_text(None))
-            out_dir = gr.Textbox(value=defaults.out_dir, label="Save to folder (optional; empty keeps it in memory)")
-            with gr.Row():
-                start = gr.Button("Start", variant="primary", elem_id="start-button")
-                cancel = gr.Button("Cancel", variant="stop", elem_id="cancel-button")
-        with gr.Column(scale=3):
-            status = gr.Markdown("Ready: press **Start**.", elem_id="job-status")
-            loss_plot = gr.Plot(plots.loss_figure([]), label="Loss")
-            with gr.Row():
-                params_plot = gr.Plot(plots.params_figure([]), label="Parameters")
-                rank_plot = gr.Plot(plots.rank_heatmap([]), label="Ranks")
-            log = gr.Textbox(label="Log", lines=10, max_lines=10, autoscroll=True, elem_id="job-log")
+    if knob.choices is not None:
+        return gr.Radio(list(knob.choices), value=value, label=knob.label, info=knob.help, visible=visible)
+    return gr.Number(value=value, label=knob.label, info=knob.help, precision=0 if knob.integer else None,
+                     visible=visible)
 
-    form = [model_source, model_name, trust, data_source, data_file, size_mode, size_value, eps, rounds, gamma,
-            probe_scope, score, preset, out_dir]
+
+def _model_inputs(defaults: Form) -> dict[str, Any]:
+    import gradio as gr
+
+    gr.Markdown("### Model and data")
+    own = defaults.model_source in ("hub", "path")
+    return dict(
+        model_source=gr.Radio(MODEL_SOURCES, value=defaults.model_source, label="Model"),
+        model_name=gr.Textbox(value=defaults.model_name, label="Hub id or local folder", visible=own,
+                              placeholder="HuggingFaceTB/SmolLM2-360M-Instruct or /path/to/model"),
+        trust_remote_code=gr.Checkbox(value=False, visible=own,
+                                      label="Trust remote code (runs code from the model's repository)"),
+        data_source=gr.Radio(DATA_SOURCES, value=defaults.data_source, label="Task data"),
+        data_file=gr.File(label=f"JSONL upload (question/answer per line, <= {MAX_UPLOAD_BYTES // 2**20} MB)",
+                          file_types=[".jsonl"], type="filepath", visible=defaults.data_source == "upload"),
+    )
+
+
+def _method_inputs(defaults: Form) -> dict[str, Any]:
+    """The preset, the size inputs and every knob; plus ``eps_button``/``eps_text`` (the rule's calculator)."""
+    import gradio as gr
+
+    gr.Markdown("### Method")
+    hutchinson = defaults.curvature == "hutchinson"
+    inputs = {"preset": gr.Dropdown(list(PRESETS), value=defaults.preset, label="Preset",
+                                    info="the starting point: schedule, fine-tune and recovery steps, batch sizes")}
+    ratio = RATIOS[defaults.size_mode]
+    with gr.Row():
+        inputs["size_mode"] = _knob_input(KNOB["size_mode"], defaults.size_mode)
+        inputs["size_value"] = gr.Number(value=defaults.size_value, label=ratio.label, info=ratio.help)
+    for row in (("rounds", "gamma"), ("score", "bases"), ("curvature", "probe_scope"), ("eps",)):
+        with gr.Row():
+            for attr in row:
+                inputs[attr] = _knob_input(KNOB[attr], getattr(defaults, attr),
+                                           visible=hutchinson or attr not in HUTCHINSON_ONLY)
+    inputs["eps_button"] = gr.Button("Compute the rule", size="sm", visible=hutchinson)
+    inputs["eps_text"] = gr.Markdown(eps_rule_text(None), visible=hutchinson)
+    with gr.Row():
+        for attr in ("recover_train", "recover_distill"):
+            inputs[attr] = _knob_input(KNOB[attr], getattr(defaults, attr))
+    return inputs
+
+
+def _outputs() -> dict[str, Any]:
+    import gradio as gr
+
+    from bsi.analysis import figures
+
+    out = {"status": gr.Markdown("Ready: press **Start**.", elem_id="job-status"),
+           "loss": gr.Plot(figures.loss_figure([]), label="Loss")}
+    with gr.Row():
+        out["params"] = gr.Plot(figures.params_figure([]), label="Parameters")
+        out["log"] = gr.Textbox(label="Log (newest first)", lines=14, max_lines=14, elem_id="job-log")
+    out["ranks"] = gr.Plot(figures.rank_heatmap([]), label="Ranks")
+    return out
+
+
+def _wire_form(inputs: dict[str, Any], upload_status, eps_parts: list) -> None:
+    """The form's own reactions: show what applies, refill from a preset, check an upload."""
+    import gradio as gr
 
     def on_model_source(source):
-        show = source in ("hub", "path")
-        return gr.update(visible=show), gr.update(visible=show, value=False if not show else gr.skip())
+        own = source in ("hub", "path")
+        return gr.update(visible=own), gr.update(visible=own, value=False if not own else gr.skip())
 
-    model_source.change(on_model_source, model_source, [model_name, trust])
-    data_source.change(lambda s: gr.update(visible=s == "upload"), data_source, data_file)
-    data_file.change(upload_message, data_file, upload_status)
+    inputs["model_source"].change(on_model_source, inputs["model_source"],
+                                  [inputs["model_name"], inputs["trust_remote_code"]])
+    inputs["data_source"].change(lambda s: gr.update(visible=s == "upload"), inputs["data_source"], inputs["data_file"])
+    inputs["data_file"].change(upload_message, inputs["data_file"], upload_status)
+
+    def on_size_mode(mode):
+        ratio = RATIOS.get(mode, RATIOS["target"])
+        return gr.update(label=ratio.label, info=ratio.help)
+
+    inputs["size_mode"].change(on_size_mode, inputs["size_mode"], inputs["size_value"])
+    hutchinson = [inputs[attr] for attr in HUTCHINSON_ONLY] + eps_parts
+    inputs["curvature"].change(lambda c: [gr.update(visible=c == "hutchinson")] * len(hutchinson),
+                               inputs["curvature"], hutchinson)
+    refilled = ["model_source", "size_mode", "size_value", *(knob.attr for knob in KNOBS if knob.attr != "size_mode")]
 
     def on_preset(name):
-        f = Form.for_preset(name)
-        return f.model_source, f.size_mode, f.size_value, f.rounds, f.gamma, f.probe_scope, f.score
+        if name not in PRESETS:
+            return [gr.skip()] * len(refilled)
+        form = Form.for_preset(name)
+        return [getattr(form, attr) for attr in refilled]
 
-    preset.input(on_preset, preset, [model_source, size_mode, size_value, rounds, gamma, probe_scope, score])
+    inputs["preset"].input(on_preset, inputs["preset"], [inputs[attr] for attr in refilled])
 
-    def on_eps(session, *values):
+
+def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visitors | None = None) -> CompressTab:
+    """Lay out the Compress tab inside the current Blocks and wire its events.
+
+    Start and Resume are wired by the returned tab's ``connect(round, layer)``,
+    given the Inspect tab's dropdowns, which the job fills as rounds finish.
+    """
+    import gradio as gr
+
+    from bsi.app import job
+
+    with gr.Row():
+        with gr.Column(scale=2, min_width=340):
+            inputs = _model_inputs(defaults)
+            upload_status = gr.Markdown()
+            inputs.update(_method_inputs(defaults))
+            eps_button, eps_text = inputs.pop("eps_button"), inputs.pop("eps_text")
+            inputs["out_dir"] = gr.Textbox(value=defaults.out_dir, label="Save to folder",
+                                           info="optional; empty keeps the result in memory. A run saved to a "
+                                                "folder can be resumed there after a Cancel.")
+            with gr.Row():
+                start = gr.Button("Start", variant="primary", elem_id="start-button")
+                resume = gr.Button("Resume", elem_id="resume-button")
+                cancel = gr.Button("Cancel", variant="stop", elem_id="cancel-button")
+        with gr.Column(scale=3):
+            outputs = _outputs()
+    form = [inputs[f.name] for f in dataclasses.fields(Form)]
+    _wire_form(inputs, upload_status, [eps_button, eps_text])
+
+    def on_eps(*values):
         try:
-            return compute_eps_rule(session, Form(*values))
+            return compute_eps_rule(Form(*values))
         except BSIError as err:
-            return f"Error: {err}"
+            return f"Error: {in_app_words(str(err), LABELS)}"
 
-    eps_button.click(on_eps, [session_state, *form], eps_text, concurrency_limit=1)
-
+    eps_button.click(on_eps, form, eps_text, concurrency_limit=1)
     visitors = Visitors() if visitors is None else visitors
-
-    @with_request
-    def on_start(request, session, *values):
-        visitors.register(session_hash_of(request), session)
-        shown_rounds: list[int] = []
-        views = run_job(board, session, Form(*values))
-        try:
-            for view in views:
-                round_update = layer_update = gr.skip()
-                if view.rounds != shown_rounds:
-                    shown_rounds = list(view.rounds)
-                    round_update = gr.update(choices=view.rounds, value=view.rounds[-1] if view.rounds else None)
-                    layer_update = gr.update(choices=view.layers, value=view.layers[0] if view.layers else None)
-                yield (view.status, view.loss, view.params, view.ranks, view.log, round_update, layer_update,
-                       view.eps_text if view.eps_text else gr.skip())
-        finally:  # Gradio closed us (client cancelled or gone): stop the job and free the board now
-            views.close()
+    shown = [outputs[key] for key in ("status", "loss", "params", "ranks", "log")]
 
     def connect(round_choice, layer_choice):
-        start.click(on_start, [session_state, *form],
-                    [status, loss_plot, params_plot, rank_plot, log, round_choice, layer_choice, eps_text],
+        targets = [*shown, round_choice, layer_choice, eps_text]
+        start.click(job.handler(board, visitors, resume=False), [session_state, *form], targets,
                     concurrency_limit=None, api_name="start")
+        resume.click(job.handler(board, visitors, resume=True), [session_state, *form], targets,
+                     concurrency_limit=None, api_name="resume")
 
-    cancel.click(cancel_job, session_state, status, concurrency_limit=None, api_name="cancel")
+    cancel.click(job.cancel_job, session_state, outputs["status"], concurrency_limit=None, api_name="cancel")
     return CompressTab(form=form, connect=connect)
+
+
+__all__ = ["Form", "Knob", "KNOBS", "build_config", "validate_upload", "upload_message", "eps_rule_text",
+           "compute_eps_rule", "output_folder", "checkpoint_progress", "MODEL_SOURCES", "DATA_SOURCES", "render"]

@@ -19,6 +19,16 @@ from bsi.app.state import JobBoard, Session, Visitors, with_request
 TITLE = "bsi: live compression studio"
 
 
+def startup_lines(local_url: str, share_url: str | None = None) -> list[str]:
+    """What ``app.py`` prints once the server listens: where to open it, and the switch for a public link."""
+    lines = [f"{TITLE} on {local_url}"]
+    if share_url:
+        lines.append(f"public link (anyone who has it can use this server): {share_url}")
+    else:
+        lines.append("Only this machine can open it; to share a public gradio.live link, start it again with --share.")
+    return lines
+
+
 def build_app(preset: str = "default", sweep_dir: str = "runs/sweep", board: JobBoard | None = None):
     """The dashboard as a ``gr.Blocks`` (not launched).
 

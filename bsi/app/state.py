@@ -40,12 +40,13 @@ from typing import Any
 
 @dataclass
 class LoadedModel:
-    """A model ready to answer, its tokenizer, a label and its parameter count."""
+    """A model ready to answer, its tokenizer, a label, its parameter count and the model spec it came from."""
 
     model: Any
     tokenizer: Any
     label: str
     params: int
+    source: str = ""
 
 
 @dataclass
@@ -62,7 +63,6 @@ class Session:
     rounds: list = field(default_factory=list)
     evals: list = field(default_factory=list)
     log: list = field(default_factory=list)
-    initial_ranks: dict = field(default_factory=dict)
     params_before: int | None = None
     compressible_before: int | None = None
     summary: dict | None = None
@@ -79,7 +79,7 @@ class Session:
     def reset_run(self) -> None:
         """Forget the previous run (reports and its models) before a new one starts."""
         self.steps, self.rounds, self.evals, self.log = [], [], [], []
-        self.initial_ranks, self.summary = {}, None
+        self.summary = None
         self.params_before = self.compressible_before = None
         self.compressed = self.original = None
         self.chats = {}

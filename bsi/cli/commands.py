@@ -1,14 +1,18 @@
-"""``bsi compress``, ``bsi eval``, ``bsi chat`` and ``bsi presets``.
+"""``bsi compress``, ``bsi export``, ``bsi eval``, ``bsi chat`` and ``bsi presets``.
 
 Each command has ``add_<name>(parser)`` and ``run_<name>(args)``; heavy
-modules are imported inside ``run_*`` only (see :mod:`bsi.cli`).
+modules are imported inside ``run_*`` only, after the arguments are checked
+(see :mod:`bsi.cli`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from bsi.cli.flags import add_config_flags, overrides_from_args
@@ -22,9 +26,14 @@ def add_compress(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--preset", choices=list(PRESETS), help="starting configuration (default: default)")
     p.add_argument("--config", help="a JSON PipelineConfig file as the starting configuration instead of "
-                                    "--preset (e.g. from `bsi presets default`); flags override it")
-    p.add_argument("--out", help="output folder for the compressed model, summary.json and rounds.jsonl (required)")
-    p.add_argument("--resume", metavar="DIR", help="continue the interrupted run whose --out was DIR (other flags ignored)")
+                                    "--preset (e.g. from `bsi presets default`); flags override it "
+                                    "(default: none, the preset)")
+    p.add_argument("--out", help="output folder for the compressed model, summary.json and rounds.jsonl "
+                                 "(required unless --resume)")
+    p.add_argument("--resume", metavar="DIR", help="continue the interrupted run whose --out was DIR (other flags "
+                                                   "ignored) (default: none, a fresh run)")
+    p.add_argument("--force", action="store_true",
+                   help="replace what --out holds: a finished result, or an interrupted run's checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_config_flags(p, exclude=("preset",))
 
@@ -40,25 +49,52 @@ def build_config(args: argparse.Namespace):
 
 
 def run_compress(args: argparse.Namespace) -> int:
+    if not args.resume and not args.out:
+        raise BSIError("--out DIR is required (or --resume DIR to continue an interrupted run)")
+    config = None if args.resume else build_config(args)  # checked before torch is imported: errors answer at once
+
     from bsi.pipeline.runner import Pipeline
     from bsi.progress import ProgressPrinter
+    from bsi.reports import DoneReport
 
-    if args.resume:
-        pipeline = Pipeline.resume(args.resume)
-    elif not args.out:
-        raise BSIError("--out DIR is required (or --resume DIR to continue an interrupted run)")
-    else:
-        pipeline = Pipeline(build_config(args), out_dir=args.out)
+    pipeline = Pipeline.resume(args.resume) if args.resume else Pipeline(config, out_dir=args.out, force=args.force)
     printer = ProgressPrinter(enabled=not args.quiet)
+    started = time.time()
     summary = None
-    for report in pipeline.run():
-        printer.show(report)
-        if type(report).__name__ == "DoneReport":
-            summary = report.summary
+    try:
+        for report in pipeline.run():
+            printer.show(report)
+            if isinstance(report, DoneReport):
+                summary = report.summary
+    except KeyboardInterrupt:
+        printer.close()
+        print(interrupted_message(pipeline.out_dir, started, resumed=bool(args.resume)), file=sys.stderr)
+        return 130
     printer.close()
     if summary is not None:
         print(summary_table(summary))
     return 0
+
+
+def interrupted_message(out_dir: Path, started: float, resumed: bool) -> str:
+    """What a Ctrl-C of ``bsi compress`` leaves in ``out_dir``; ends with the ``--resume`` command on its own line.
+
+    A checkpoint counts when this run wrote it (or continues it): a
+    ``--force`` run stopped before its first round leaves the earlier run's
+    checkpoint, which this run did not make.
+    """
+    from bsi.pipeline.runner import CHECKPOINT
+
+    state = out_dir / CHECKPOINT / "state.json"
+    summary = out_dir / "summary.json"
+    if summary.is_file() and summary.stat().st_mtime >= started:
+        return f"bsi compress: interrupted after the result was saved; it is complete in {out_dir}"
+    if state.is_file() and (resumed or state.stat().st_mtime >= started):
+        rounds = len(json.loads(state.read_text(encoding="utf-8")).get("rounds", []))
+        return (f"bsi compress: interrupted; {rounds} finished pruning round(s) are saved in {state.parent}. "
+                f"Continue the run with:\nbsi compress --resume {shlex.quote(str(out_dir))}")
+    earlier = f" ({out_dir} still holds an earlier run's checkpoint)" if state.is_file() else ""
+    return f"bsi compress: interrupted before the first pruning round ended; nothing was written{earlier}"
 
 
 def summary_table(summary: dict[str, Any]) -> str:
@@ -85,6 +121,30 @@ def summary_table(summary: dict[str, Any]) -> str:
         f"{100 * summary['compressible_ratio']:.1f}% of their size; {summary['seconds']:.0f} s"
     )
     return "\n".join(lines)
+
+
+# -------------------------------------------------------------------- export
+def add_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dense", metavar="FOLDER", required=True,
+                   help="a compressed-model folder (what `bsi compress --out` wrote): its factors are multiplied "
+                        "back into ordinary dense layers, for tools that read only standard checkpoints")
+    p.add_argument("--out", metavar="DIR", required=True,
+                   help="folder for the dense checkpoint (config.json, model.safetensors, tokenizer)")
+    p.add_argument("--dtype", default="stored", choices=("stored", "float32", "bfloat16", "float16"),
+                   help="dtype of the written weights; stored: the compressed folder's")
+    p.add_argument("--force", action="store_true", help="replace what --out holds")
+
+
+def run_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from bsi.pipeline.export import export_dense
+
+    dtype = None if args.dtype == "stored" else getattr(torch, args.dtype)
+    out = export_dense(args.dense, args.out, dtype=dtype, force=args.force)
+    print(f"wrote a dense checkpoint to {out}; any transformers tool loads it, e.g. "
+          f"AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0
 
 
 # ---------------------------------------------------------------------- eval
@@ -167,7 +227,10 @@ def run_chat(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------- presets
 def add_presets(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", nargs="?", help="print this preset as a full JSON config")
+    from bsi.config import PRESETS
+
+    p.add_argument("name", nargs="?", choices=list(PRESETS),
+                   help="print this preset as a full JSON config (default: list every preset, one a line)")
 
 
 def run_presets(args: argparse.Namespace) -> int:

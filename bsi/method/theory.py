@@ -1,4 +1,4 @@
-"""The method's theory results as calculators (METHOD.md sec. 7).
+"""The method's theory results as calculators: the variance and sample complexity of the Hessian estimator.
 
 Everything here is a small pure function of numbers or tensors: no model.
 Notation: ``H`` is the (n x n) Hessian of the loss over the probed

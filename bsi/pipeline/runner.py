@@ -25,6 +25,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import shlex
 import shutil
 import tempfile
 import time
@@ -44,7 +45,7 @@ from bsi.errors import BSIError
 from bsi.pipeline.losses import DistillationLoss, answer_token_loss
 from bsi.pipeline.evaluate import Metrics, evaluate
 from bsi.pipeline.export import WEIGHTS, write_model_files
-from bsi.files import atomic_directory, atomic_write_json, check_output_dir
+from bsi.files import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir, refuse_to_replace
 from bsi.models import cache_root, load_model_and_tokenizer, model_id, resolve_device, resolve_dtype
 from bsi.method.surgery import basis_layers, compressible_linear_names, compressible_parameters, model_parameters, to_exported_form
 from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
@@ -76,6 +77,27 @@ def recovery_parameters(model: nn.Module, train_embeddings: bool = False) -> lis
     return list(unique.values())
 
 
+def check_run_folder(out_dir: str | Path, *, force: bool = False) -> Path:
+    """Validate a run's ``out_dir`` before any work: never lose a result or an interrupted run by surprise.
+
+    The folder must be new or empty, writable (:func:`bsi.files.check_output_dir`
+    writes a test file), and hold no earlier result: a folder with an
+    interrupted run's ``checkpoint/`` is refused with the command that
+    continues it, a folder with a finished result is refused too; ``force``
+    allows replacing either (the old content goes only when the new result is
+    complete, or when the first new round overwrites the checkpoint).
+
+    Raises:
+        BSIError: naming what the folder holds and the ways on.
+    """
+    path = check_output_dir(out_dir)
+    if not force and (path / CHECKPOINT).is_dir():
+        raise BSIError(f"'{path}' holds an interrupted run (its {CHECKPOINT}/ folder): continue it with "
+                       f"`bsi compress --resume {shlex.quote(str(path))}`, or start over with --force")
+    refuse_to_replace(path, force)
+    return path
+
+
 def finetune_cache_key(config: PipelineConfig, dtype: torch.dtype) -> str:
     """Hash of everything that determines the stage-1 result."""
     inputs = {
@@ -100,15 +122,18 @@ class Pipeline:
         baseline: settings of the truncation baselines (:class:`~bsi.pipeline.methods.BaselineConfig`).
         reference: metrics of the fine-tuned dense model measured before (a sweep
             measures them once); its evaluation is then skipped.
+        force: replace what ``out_dir`` holds (a finished result, or an
+            interrupted run's checkpoint); without it such a folder is refused
+            (:func:`check_run_folder`).
     """
 
     def __init__(self, config: PipelineConfig, out_dir: str | Path | None = None,
                  cache_dir: str | Path | None = None, *, method: Any = None, baseline: Any = None,
-                 reference: Metrics | None = None) -> None:
+                 reference: Metrics | None = None, force: bool = False) -> None:
         from bsi.pipeline.methods import BaselineConfig, engine_method, get_method
 
         self.config = config
-        self.out_dir = check_output_dir(out_dir) if out_dir is not None else None
+        self.out_dir = check_run_folder(out_dir, force=force) if out_dir is not None else None
         self.cache_dir = cache_dir
         self.method = engine_method(config.compress.score) if method is None else \
             get_method(method) if isinstance(method, str) else method
@@ -141,7 +166,7 @@ class Pipeline:
         """
         tensors, plain = load_checkpoint(Path(out_dir).expanduser() / CHECKPOINT)
         pipeline = cls(PipelineConfig.from_dict(plain["pipeline_config"]), out_dir, cache_dir,
-                       method=plain.get("method"))
+                       method=plain.get("method"), force=True)  # the folder is this run's own
         pipeline._resume = (tensors, plain)
         return pipeline
 
@@ -449,15 +474,25 @@ class Pipeline:
         """Write model, summary.json and rounds.jsonl into ``out_dir`` in one atomic swap.
 
         Adds ``bytes_on_disk`` (size of the saved weights) and ``bytes_before``
-        (the dense model's weights in the same dtype) to ``summary``.
+        (the dense model's weights in the same dtype) to ``summary``. The
+        folder was checked when the pipeline was made (:func:`check_run_folder`);
+        its earlier content, this run's checkpoint included, is replaced only
+        once the new folder is complete.
+
+        Raises:
+            BSIError: when the disk refuses the write (the checkpoint, if any, is kept).
         """
         assert self.out_dir is not None
-        with atomic_directory(self.out_dir) as tmp:
-            write_model_files(self.model, self.tokenizer, tmp, {
-                "method": self.method_name, "source_model": self.config.model,
-                "params_total": summary["params_after"], "settings": self.config.to_dict(),
-            }, table=self.table)
-            summary["bytes_on_disk"] = (tmp / WEIGHTS).stat().st_size  # the compressed weights file
-            summary["bytes_before"] = summary["params_before"] * torch.finfo(self.dtype).bits // 8  # dense, same dtype
-            (tmp / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.round_log), encoding="utf-8")
-            atomic_write_json(tmp / "summary.json", summary)
+        try:
+            with atomic_directory(self.out_dir) as tmp:
+                write_model_files(self.model, self.tokenizer, tmp, {
+                    "method": self.method_name, "source_model": self.config.model,
+                    "params_total": summary["params_after"], "settings": self.config.to_dict(),
+                }, table=self.table)
+                summary["bytes_on_disk"] = (tmp / WEIGHTS).stat().st_size  # the compressed weights file
+                summary["bytes_before"] = summary["params_before"] * torch.finfo(self.dtype).bits // 8  # dense, same dtype
+                atomic_write_text(tmp / "rounds.jsonl", "".join(json.dumps(r) + "\n" for r in self.round_log))
+                atomic_write_json(tmp / "summary.json", summary)
+        except OSError as err:
+            raise BSIError(f"cannot write the result into '{self.out_dir}' ({err.strerror or err}); "
+                           "free some space or choose another --out folder") from None

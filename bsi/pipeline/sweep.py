@@ -40,6 +40,7 @@ from bsi.models import load_model_and_tokenizer
 from bsi.pipeline.runner import Pipeline, Report
 from bsi.method.surgery import compressible_parameters
 from bsi.reports import DoneReport, StageReport
+from bsi.analysis.figures import results_figure  # drawn in bsi.analysis.figures, re-exported here
 from bsi.analysis.speed import measure_speeds
 
 DEFAULT_TARGETS = (0.8, 0.6, 0.4, 0.25, 0.15)
@@ -269,15 +270,18 @@ def results_table(rows: Sequence[dict], methods: Sequence[str] | None = None) ->
     order = {m: i for i, m in enumerate([REFERENCE, *(methods or METHODS)])}
     ordered = sorted(rows, key=lambda r: (order.get(r["method"], len(order)), -r["target"]))
     head = ["method", "target", "params (M)", "compression", "compressible kept", "accuracy", "loss",
-            "tokens/s", "ms/token", "speed vs dense", "time (s)"]
+            "ms/token", "tokens/s", "speed vs dense", "time (s)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in ordered:
+        # one speed: decode latency; tokens/s and the ratio are derived from it (stated under the table)
+        ms, dense_ms = r.get("ms_per_token"), r.get("dense_ms_per_token")
+        per_s = 1000.0 / ms if ms else None
+        vs_dense = dense_ms / ms if ms and dense_ms else None
         lines.append("| " + " | ".join([
             r["method"], _fmt(r["target"], ".2f"), _fmt(r["params_total"], ".2f", 1e-6),
             _fmt(r["compression_ratio"], ".2f") + "x", _fmt(r["compressible_ratio"], ".1%"),
-            _fmt(r.get("accuracy"), ".1%"), _fmt(r.get("loss"), ".4f"), _fmt(r.get("tokens_per_s"), ".1f"),
-            _fmt(r.get("ms_per_token"), ".1f"), _fmt(r.get("speedup"), ".2f") + ("x" if r.get("speedup") else ""),
-            _fmt(r.get("seconds"), ".0f"),
+            _fmt(r.get("accuracy"), ".1%"), _fmt(r.get("loss"), ".4f"), _fmt(ms, ".2f"), _fmt(per_s, ".1f"),
+            _fmt(vs_dense, ".2f") + ("x" if vs_dense else ""), _fmt(r.get("seconds"), ".0f"),
         ]) + " |")
     ref = next((r for r in rows if r["method"] == REFERENCE), None)
     notes = []
@@ -288,8 +292,9 @@ def results_table(rows: Sequence[dict], methods: Sequence[str] | None = None) ->
         if cfg.get("compress"):
             notes.append(schedule_note(cfg))
     notes.append("`target`: parameters of the compressible layers after / before; `compression`: whole model "
-                 "before / after; `speed vs dense`: tokens/s of the compressed model / the dense one, measured "
-                 "side by side (greedy, fixed length, batch 1, median).")
+                 "before / after. Speed is decode speed, measured side by side with the dense model (greedy, "
+                 "batch 1, median): `ms/token` is the time of one more token once the prompt is processed, "
+                 "`tokens/s` = 1000 / ms/token, `speed vs dense` = the dense model's ms/token / this model's.")
     return "\n".join(notes) + "\n\n" + "\n".join(lines) + "\n"
 
 
@@ -308,33 +313,3 @@ def schedule_note(config: dict) -> str:
             f"iterations, the last {comp.profiling_iters} of each profiling ({curvature}; {comp.selection} "
             f"selection). Every method: {recover['steps']} recovery steps training "
             f"{recover.get('train', 'sigma')}{distill}.")
-
-
-def results_figure(rows: Sequence[dict]):
-    """Accuracy and answer-token loss against model size, one line per method (plotly Figure)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy on the test split", "answer-token loss"))
-    ref = next((r for r in rows if r["method"] == REFERENCE), None)
-    methods = list(dict.fromkeys(r["method"] for r in rows if r["method"] != REFERENCE))
-    for i, method in enumerate(methods):
-        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: -r["params_total"])
-        points = ([ref] if ref is not None else []) + mine
-        x = [r["params_total"] / 1e6 for r in points]
-        text = [f"{r['method']} target {r['target']:g}" for r in points]
-        for col, key, scale in ((1, "accuracy", 100.0), (2, "loss", 1.0)):
-            y = [r[key] * scale if r.get(key) is not None else None for r in points]
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=method, legendgroup=method,
-                                     showlegend=col == 1, text=text, line={"color": _COLORS[i % len(_COLORS)]}),
-                          row=1, col=col)
-    for col in (1, 2):
-        fig.update_xaxes(title_text="model size (M parameters)", autorange="reversed", row=1, col=col)
-    fig.update_yaxes(title_text="accuracy (%)", row=1, col=1)
-    fig.update_yaxes(title_text="loss", row=1, col=2)
-    fig.update_layout(title="Accuracy and loss against model size (each line starts at the fine-tuned dense model)",
-                      template="plotly_white", height=480)
-    return fig
-
-
-_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#d62728", "#e377c2", "#7f7f7f")

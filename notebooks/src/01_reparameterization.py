@@ -4,15 +4,16 @@
 # # 01 · Re-parameterization: a linear layer as a sum of bases
 #
 # BSI never edits a weight matrix directly. It first rewrites every linear layer
-# as a weighted sum of *bases* taken from the layer's singular value decomposition,
-# and from then on it only learns, scores and removes the *weights* of that sum.
-# This notebook takes one real layer of the embedded model (SmolLM2-135M-Instruct)
-# apart:
+# as a weighted sum of rank-one *bases*, and from then on it only learns, scores
+# and removes the *weights* of that sum. This notebook takes one real layer of the
+# embedded model (SmolLM2-135M-Instruct) apart:
 #
 # 1. its SVD and singular-value spectrum;
 # 2. the **Basel form** and why it computes exactly what the layer did;
-# 3. what keeping `r` bases costs, and the rank below which it pays off;
-# 4. the whole model converted, with a table of layers and ranks.
+# 3. two choices of bases, the plain SVD and the SVD on *whitened* task inputs:
+#    both exact, but very different once bases are dropped;
+# 4. what keeping `r` bases costs, and the rank below which it pays off;
+# 5. the whole model converted, with a table of layers and ranks.
 #
 # Set `BSI_NOTEBOOK_MODEL=tiny-random-llama` before starting Jupyter to run
 # everything on a tiny random model in seconds (CI does).
@@ -24,26 +25,32 @@ import pandas as pd
 import plotly.graph_objects as go
 import torch
 from IPython.display import Markdown, display
-from transformers.utils import logging as hf_logging
 from plotly.subplots import make_subplots
+from transformers.utils import logging as hf_logging
 
+import bsi.method.bases
 import bsi.method.layers
+from bsi.analysis.spectrum import layer_kind
 from bsi.data import BatchStream, load_task
-from bsi.method.layers import BasisLinear, svd_bases
+from bsi.method.bases import svd_bases, whitened_bases
+from bsi.method.layers import BasisLinear, break_even_rank, factor_cost
+from bsi.method.surgery import (compressible_linear_names, compressible_parameters, model_parameters, sigma_max,
+                                to_basis_form)
 from bsi.models import load_model_and_tokenizer
-from bsi.method.surgery import compressible_linear_names, compressible_parameters, model_parameters, to_basis_form
-from bsi.teaching import (basel_form_error, break_even_rank, capture_inputs, doc_markdown, factor_cost,
-                          notebook_settings, rank_table)
+from bsi.pipeline.baselines import input_statistics
+from bsi.teaching import doc_markdown, notebook_settings, rank_table, result_of, truncation_errors
 
 hf_logging.disable_progress_bar()  # no loading bars between the results
 settings = notebook_settings()
 start = time.perf_counter()
 model, tokenizer = load_model_and_tokenizer(settings.model)
 task = load_task("embedded-math", test_size=settings.test_size)
-batch = next(BatchStream(task.train, tokenizer, batch_size=settings.batch_size, max_length=settings.max_length))
+stream = BatchStream(task.train, tokenizer, batch_size=settings.batch_size, max_length=settings.max_length)
+calibration = [next(stream) for _ in range(settings.calibration_batches)]  # sets the whitened bases
+held_out = [next(stream) for _ in range(settings.calibration_batches)]  # other task batches: where errors are measured
 print(f"model {settings.model}: {model_parameters(model):,} parameters, "
       f"{len(compressible_linear_names(model))} compressible linear layers; "
-      f"a batch of {tuple(batch['input_ids'].shape)} tokens")
+      f"{len(calibration)} + {len(held_out)} batches of {tuple(calibration[0]['input_ids'].shape)} tokens")
 
 # %% [markdown]
 # ## 1. One layer and its singular values
@@ -63,7 +70,7 @@ names = compressible_linear_names(model)
 down = [n for n in names if n.endswith("mlp.down_proj")]
 name = down[len(down) // 2]
 linear = model.get_submodule(name)
-U, sigma, V = svd_bases(linear.weight)  # (out, r), (r,), (in, r)
+U, sigma, V = plain = svd_bases(linear.weight)  # (out, r), (r,), (in, r)
 print(f"{name}: W {tuple(linear.weight.shape)} -> U {tuple(U.shape)}, sigma {tuple(sigma.shape)}, V {tuple(V.shape)}")
 print(f"largest sigma {sigma[0]:.2f}, smallest {sigma[-1]:.4f}, "
       f"reconstruction error max|U diag(sigma) V^T - W| = {((U * sigma) @ V.T - linear.weight).abs().max():.2e}")
@@ -96,7 +103,7 @@ for share in (0.5, 0.9):
 # ## 2. The Basel form, exact at start
 #
 # BSI (like Basel before it) replaces the layer by `BasisLinear`. Here is its
-# docstring, the code's own explanation:
+# module's docstring, the code's own explanation:
 
 # %%
 display(Markdown(doc_markdown(bsi.method.layers)))
@@ -105,33 +112,97 @@ display(Markdown(doc_markdown(bsi.method.layers)))
 # Two reasons make it exact at start: `sigma` starts at the singular values, so
 # `U diag(sigma) V^T` *is* `W` up to float32 round-off; and the auxiliary term
 # `U_aux V_aux^T` starts at zero because `U_aux` is zero (only `V_aux` is random,
-# so that gradients can flow into `U_aux` from the first step, as in LoRA).
-# We check both on the activations that really enter this layer when the model
-# reads a batch of task text.
+# so that gradients can flow into `U_aux` from the first step, as in LoRA). Only
+# the `TRAINABLE_PARAMETERS` learn while pruning; the bases are frozen.
 
 # %%
-inputs = capture_inputs(model, name, batch)  # (B, T, in)
-check = basel_form_error(linear, inputs, aux_rank=8)
 layer = BasisLinear.from_linear(linear, aux_rank=8)
 print(layer)
-print(f"max |W~ - W|            = {check['weight']:.2e}")
-print(f"max |y~ - y| on a batch = {check['output']:.2e}   (outputs reach {check['scale']:.3g})")
+print(f"max |W~ - W| = {(layer.dense_weight() - linear.weight).abs().max():.2e}")
 print(f"aux_u is all zeros: {bool((layer.aux_u == 0).all())}; aux_v has norm {layer.aux_v.norm():.2f}")
+print(f"trained while pruning: {BasisLinear.TRAINABLE_PARAMETERS}; frozen: {BasisLinear.FROZEN_PARAMETERS}")
 
 # %% [markdown]
-# ## 3. What keeping `r` bases costs
+# ## 3. Which bases? Plain SVD against whitened inputs
+#
+# Any factorisation `W = U diag(sigma) V^T` gives an exact Basel form. What the
+# choice decides is what *dropping* bases costs, and the plain SVD optimises the
+# wrong thing: the weight, not the layer's output on the task's inputs.
+
+# %%
+display(Markdown(doc_markdown(bsi.method.bases)))
+
+# %% [markdown]
+# The covariance of the layer's inputs comes from forward passes over a few task
+# batches (`bsi.pipeline.baselines.input_statistics`, the calibration the engine
+# and SVD-LLM run). We measure it twice: on the calibration batches, which set the
+# whitened bases, and on *other* task batches, where the errors below are measured.
+#
+# The error of keeping the first `k` bases is computed exactly from the bases and
+# a covariance (`bsi.teaching.truncation_errors`): with the identity as covariance
+# it is the weight error `||W - W_k||_F / ||W||_F`; with the held-out inputs' it is
+# the relative output error on task text.
+
+# %%
+display(Markdown(doc_markdown(truncation_errors)))
+
+# %%
+covariance = result_of(input_statistics(model, {name: linear}, iter(calibration), len(calibration),
+                                        covariance=True)).covariance()[name]  # (in, in)
+test_covariance = result_of(input_statistics(model, {name: linear}, iter(held_out), len(held_out),
+                                             covariance=True)).covariance()[name]  # (in, in)
+whitened = whitened_bases(linear.weight, covariance)  # (U, sigma, V) in which truncation minds the outputs
+identity = torch.eye(linear.in_features)
+errors = {label: {"weight": truncation_errors(linear.weight, bases, identity),
+                  "output": truncation_errors(linear.weight, bases, test_covariance)}
+          for label, bases in (("plain SVD", plain), ("whitened", whitened))}
+for label, e in errors.items():
+    print(f"{label:>9}: all {sigma.numel()} bases kept -> weight error {e['weight'][-1]:.1e}, "
+          f"output error on held-out inputs {e['output'][-1]:.1e}  (exact)")
+
+# %%
+share = torch.arange(sigma.numel() + 1) / sigma.numel()
+fig = make_subplots(rows=1, cols=2, subplot_titles=("weight error ||W - W_k|| / ||W||",
+                                                    "output error on held-out task inputs"))
+for label, color in (("plain SVD", "#1f77b4"), ("whitened", "#d62728")):
+    for col, kind in ((1, "weight"), (2, "output")):
+        fig.add_trace(go.Scatter(x=share, y=errors[label][kind], name=label, line={"color": color},
+                                 showlegend=col == 1), row=1, col=col)
+fig.update_xaxes(title="share of bases kept, k / r")
+fig.update_yaxes(range=[0, 1.05])
+fig.update_layout(height=380, title=f"Truncating {name}: the first k bases of each factorisation")
+fig.show()
+half = sigma.numel() // 2
+output_at_half = {label: float(e["output"][half]) for label, e in errors.items()}
+print(f"keeping half the bases: weight error {errors['plain SVD']['weight'][half]:.2f} (plain) vs "
+      f"{errors['whitened']['weight'][half]:.2f} (whitened); output error {output_at_half['plain SVD']:.3f} "
+      f"(plain) vs {output_at_half['whitened']:.3f} (whitened)")
+
+# %% [markdown]
+# The plain SVD wins on the left by construction (Eckart-Young), and loses on the
+# right, which is what the model feels: the task's activations are far from
+# isotropic, so directions of `W` they rarely excite are cheap to drop even when
+# their singular value is large. In the whitened bases, `sigma_i^2` is exactly the
+# mean squared change of the output when basis `i` alone is dropped, so even the
+# plain magnitude `|sigma_i|` (Basel's score) means something for the task there.
+# This is why `compress.bases` defaults to `whitened`.
+
+# %% [markdown]
+# ## 4. What keeping `r` bases costs
 #
 # A layer that keeps `r` bases and `a` auxiliary vectors is exported as two
 # factors, `A = [U diag(sigma), U_aux]` of shape `(out, r+a)` and
 # `B = [V, V_aux]^T` of shape `(r+a, in)`: sigma folds into `A`, so it costs
-# nothing extra. The price is
-#
-# $$\text{params}(r) = (r + a)(\text{in} + \text{out}) \quad\text{versus}\quad \text{in}\cdot\text{out} \text{ dense.}$$
-#
-# Factors are cheaper only below the **break-even rank**
-# `r* = in*out/(in+out) - a`. At full rank the factors cost *more* than the
-# matrix, so a layer saves nothing until it has lost `full rank - r*` bases;
-# above `r*` the exporter simply stores it dense.
+# nothing extra.
+
+# %%
+display(Markdown(doc_markdown(factor_cost)))
+display(Markdown(doc_markdown(break_even_rank)))
+
+# %% [markdown]
+# At full rank the factors cost *more* than the matrix, so a layer saves nothing
+# until it has lost `full rank - r*` bases; above `r*` the exporter simply
+# stores it dense.
 
 # %%
 aux = 8
@@ -154,20 +225,22 @@ fig.show()
 shapes = {}
 for n in names:
     m = model.get_submodule(n)
-    shapes.setdefault(n.rsplit(".", 1)[-1], (m.in_features, m.out_features))
+    shapes.setdefault(layer_kind(n), (m.in_features, m.out_features))
 kinds = pd.DataFrame([
     {"kind": kind, "in": i, "out": o, "dense params": i * o, "full rank": min(i, o),
-     "break-even rank (a=8)": round(break_even_rank(i, o, aux)),
+     f"break-even rank (a={aux})": round(break_even_rank(i, o, aux)),
      "share of full rank": break_even_rank(i, o, aux) / min(i, o)}
     for kind, (i, o) in shapes.items()
 ])
 kinds.style.format({"share of full rank": "{:.0%}", "dense params": "{:,}"})
 
 # %% [markdown]
-# ## 4. The whole model in Basel form
+# ## 5. The whole model in Basel form
 #
 # `bsi.method.surgery.to_basis_form` does the same for every linear layer except the
-# embeddings (and an output layer tied to them, which *is* the embedding):
+# embeddings (and an output layer tied to them, which *is* the embedding). We give
+# it the whitened bases of every layer, from one calibration pass over all of them,
+# as the engine does before its first round:
 
 # %%
 display(Markdown(doc_markdown(to_basis_form)))
@@ -175,16 +248,19 @@ display(Markdown(doc_markdown(to_basis_form)))
 # %%
 model.eval()
 with torch.no_grad():
-    logits_before = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits_before = model(input_ids=held_out[0]["input_ids"], attention_mask=held_out[0]["attention_mask"]).logits
 t0 = time.perf_counter()
-layers = to_basis_form(model, aux_rank=aux)
+stats = result_of(input_statistics(model, {n: model.get_submodule(n) for n in names}, iter(calibration),
+                                   len(calibration), covariance=True))
+covariances = stats.covariance()
+layers = to_basis_form(model, aux_rank=aux, bases=lambda n, lin: whitened_bases(lin.weight, covariances[n]))
 seconds = time.perf_counter() - t0
 with torch.no_grad():
-    logits_after = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits_after = model(input_ids=held_out[0]["input_ids"], attention_mask=held_out[0]["attention_mask"]).logits
 logit_change = float((logits_after - logits_before).abs().max())
 now, dense = compressible_parameters(model)
-print(f"{len(layers)} layers converted in {seconds:.1f} s; {sum(l.rank for l in layers.values()):,} bases in all")
-print(f"max |logit change| on the batch: {logit_change:.2e} (logits reach {logits_before.abs().max():.3g})")
+print(f"{len(layers)} layers calibrated and converted in {seconds:.1f} s; {sum(l.rank for l in layers.values()):,} bases in all")
+print(f"max |logit change| on a held-out batch: {logit_change:.2e} (logits reach {logits_before.abs().max():.3g})")
 print(f"compressible parameters: stored {now:,} / dense {dense:,} (full rank: every layer is still stored dense)")
 trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
 print(f"trainable now: {trainable:,} numbers (sigma and auxiliary vectors), of {model_parameters(model):,} parameters")
@@ -198,21 +274,26 @@ print(table.groupby("kind")[["rank", "params", "dense_params"]].agg(["count", "s
 table.head(14)
 
 # %% [markdown]
-# The largest singular value of each layer, block by block. The largest over the
-# whole model, `sigma_max`, sets the perturbation intensity `eps` of the Hessian
-# estimator (notebook 02).
+# The largest coefficient of each layer, block by block. In whitened bases it is
+# the layer's largest output contribution on task inputs, so it follows the scale
+# of the activations, not only of the weights. The largest over the whole model,
+# `sigma_max` (`bsi.method.surgery.sigma_max`), sets the perturbation intensity
+# `eps` of the Hutchinson estimator (notebook 02).
 
 # %%
-table["sigma_max"] = [float(layers[n].sigma.detach().max()) for n in table["layer"]]
-grid = table.dropna(subset=["block"]).pivot(index="kind", columns="block", values="sigma_max")
+table["sigma_1"] = [float(layers[n].sigma.detach().max()) for n in table["layer"]]
+grid = table.dropna(subset=["block"]).pivot(index="kind", columns="block", values="sigma_1")
 fig = go.Figure(go.Heatmap(z=grid.values, x=grid.columns, y=grid.index, colorscale="Viridis",
                            colorbar={"title": "sigma_1"}))
-fig.update_layout(height=320, title="Largest singular value per layer", xaxis_title="block")
+fig.update_layout(height=320, title="Largest coefficient per layer (whitened bases)", xaxis_title="block")
 fig.show()
-sigma_max = table["sigma_max"].max()
-print(f"sigma_max = {sigma_max:.1f} in {table.loc[table['sigma_max'].idxmax(), 'layer']}")
+print(f"sigma_max = {sigma_max(model):.1f} in {table.loc[table['sigma_1'].idxmax(), 'layer']}")
 
 # %%
+outcome = {"logit_change": logit_change, "logit_scale": float(logits_before.abs().max()),
+           "exact_error": {label: float(e["output"][-1]) for label, e in errors.items()},
+           "output_error_at_half": output_at_half, "layers": len(layers)}
 print(f"Result: {len(layers)} layers ({sum(l.rank for l in layers.values()):,} bases) in Basel form, "
-      f"max |logit change| {logit_change:.1e}; {name.rsplit('.', 1)[-1]} pays off below rank {r_star:.0f} "
-      f"of {min(fin, fout)}; ran in {time.perf_counter() - start:.0f} s")
+      f"max |logit change| {logit_change:.1e}; keeping half of {name.rsplit('.', 1)[-1]}'s bases loses "
+      f"{output_at_half['whitened']:.1%} of its output on held-out task inputs with whitened bases against "
+      f"{output_at_half['plain SVD']:.1%} with plain ones; ran in {time.perf_counter() - start:.0f} s")

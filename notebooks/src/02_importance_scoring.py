@@ -13,179 +13,222 @@
 # BSI prunes the bases with the smallest `I_i`. This notebook computes every
 # ingredient on one real layer:
 #
-# 1. the gradient `g_i = E[dl/dsigma_i]`;
-# 2. the curvature `h_i = E[d2l/dsigma_i^2]`, exactly (double backward) and with
-#    the method's symmetric-perturbation estimator, side by side;
-# 3. how the estimate depends on the perturbation size `eps` and on the number of probes;
-# 4. the candidate pool (the only bases that get probed and may be pruned);
-# 5. the importance score against `|sigma_i|` (what Basel uses): where they
-#    disagree, and a check against the loss change actually measured.
+# 1. the scores as the library has them, and the gradient `g_i = E[dl/dsigma_i]`;
+# 2. the curvature `h_i ~ E[d2l/dsigma_i^2]`: exactly (double backward), and from the
+#    three curvature sources the engine can use (Fisher, sampled Fisher, Hutchinson);
+# 3. how the Hutchinson estimate depends on the number of probes and on `eps`;
+# 4. the candidate pool (the only bases that get scored and may be pruned);
+# 5. the scores' terms and their choices against `|sigma_i|` (what Basel uses),
+#    checked against the loss change actually measured.
 
 # %%
 import math
 import time
 
+import pandas as pd
 import plotly.graph_objects as go
 import torch
 from IPython.display import Markdown, display
-from transformers.utils import logging as hf_logging
 from plotly.subplots import make_subplots
+from transformers.utils import logging as hf_logging
 
-from bsi.config import CompressConfig
+import bsi.method.curvature
 from bsi.data import BatchStream, load_task
-from bsi.method.curvature import profile_batch
-from bsi.pipeline.losses import answer_token_loss
-from bsi.method.scores import (candidate_pool, eps_rule, importance_scores, pool_rho, probe_vector, select_pruned,
-                            symmetric_difference_hessian)
+from bsi.method.bases import whitened_bases
+from bsi.method.curvature import Fisher, GradientOnly, Hutchinson, curvature_source, exact_hessian
+from bsi.method.schedule import LayerShape, gradual_budgets, select_to_budget
+from bsi.method.scores import SCORES, Score, candidate_pool, eps_rule, pool_rho, probe_vector
+from bsi.method.surgery import compressible_linear_names, sigma_max, to_basis_form
 from bsi.models import load_model_and_tokenizer
-from bsi.method.surgery import compressible_linear_names
-from bsi.teaching import (convert_layer, doc_markdown, exact_hessian, loss_change_when_dropped, mean_gradient,
-                          model_sigma_max, notebook_settings, single_probe_estimates)
+from bsi.pipeline.baselines import input_statistics
+from bsi.pipeline.losses import answer_token_loss
+from bsi.teaching import doc_markdown, loss_change_when_dropped, notebook_settings, profile_rows, result_of
 
 hf_logging.disable_progress_bar()  # no loading bars between the results
 settings = notebook_settings()
+config = settings.pipeline_config().compress  # the pruning settings notebook 03 runs with
 start = time.perf_counter()
-# eager attention: the exact Hessian below needs double backward, which fused attention kernels lack
-model, tokenizer = load_model_and_tokenizer(settings.model, attn_implementation="eager")
+model, tokenizer = load_model_and_tokenizer(settings.model)
 task = load_task("embedded-math", test_size=settings.test_size)
 stream = BatchStream(task.train, tokenizer, batch_size=settings.profile_batch_size, max_length=settings.max_length,
                      seed=2)
 batches = [next(stream) for _ in range(settings.profile_batches)]
+calibration = [next(stream) for _ in range(settings.calibration_batches)]
 loss_fn = answer_token_loss  # mean cross-entropy of the answer tokens: the loss everything here refers to
-print(f"{settings.model}; {len(batches)} mini-batches of {tuple(batches[0]['input_ids'].shape)} tokens")
+print(f"{settings.model}; {len(batches)} mini-batches of {tuple(batches[0]['input_ids'].shape)} tokens; "
+      f"bases: {config.bases}, curvature: {config.curvature}, score: {config.score}")
 
 # %% [markdown]
-# ## 1. One layer in Basel form, and its gradient
+# ## 1. Scores, one layer, and its gradient
 #
+# A score is a small object that says what it needs, so the engine measures only
+# that, and that exposes its *terms*, the parts it adds up:
+
+# %%
+display(Markdown(doc_markdown(Score)))
+pd.DataFrame([{"score": s.name, "needs gradient": s.needs_gradient, "needs curvature": s.needs_curvature,
+               "loss units": s.loss_units, "what": s.description} for s in SCORES.values()])
+
+# %% [markdown]
 # We study the `down_proj` of the **last** block: a backward pass from the loss
 # to its sigma crosses only one block, so every gradient below is cheap. Only
-# this layer is converted (`bsi.teaching.convert_layer`); the rest of the model
-# stays dense and frozen.
+# this layer is converted (`to_basis_form(..., names=[name])`), in the bases the
+# engine uses by default: the whitened ones of notebook 01, from a few
+# calibration batches. The rest of the model stays dense and frozen.
 #
 # The gradient with respect to the coefficients is a plain backward pass:
-# `dl/dsigma_i = sum over tokens of (x v_i)(u_i . dl/dy)`. Averaged over the
-# mini-batches it gives `g`, and `-sigma_i g_i` is the first-order part of
-# `I_i` (the "BSI w/o Hessian" score).
+# `dl/dsigma_i = sum over tokens of (x v_i)(u_i . dl/dy)`. `GradientOnly`, the
+# source the engine profiles with for `bsi-grad`, takes it batch by batch
+# (`bsi.teaching.profile_rows` runs a source on one layer, one row per batch);
+# averaged, it gives `g`, and `-sigma_i g_i` is the score's first term.
 
 # %%
 name = [n for n in compressible_linear_names(model) if n.endswith("mlp.down_proj")][-1]
-layer = convert_layer(model, name)
+linear = model.get_submodule(name)
+covariance = result_of(input_statistics(model, {name: linear}, iter(calibration), len(calibration),
+                                        covariance=True)).covariance()[name]
+bases = {name: whitened_bases(linear.weight, covariance, config.whitening_damping)}
+layer = to_basis_form(model, aux_rank=0, names=[name], bases=bases)[name]
 sigma = layer.sigma.detach().clone()  # (r,)
-loss, grad = mean_gradient(model, layer, batches, loss_fn)  # float, (r,)
-print(f"{name}: rank {layer.rank}; mean loss {loss:.4f}; |g| max {grad.abs().max():.2e}")
+everything = torch.arange(layer.rank)
+losses, grads, _ = profile_rows(GradientOnly(), model, layer, everything, batches, loss_fn)
+grad = grads.mean(0)  # (r,)
+first_order = SCORES["bsi-grad"].terms(sigma, grad)["gradient"]  # (r,) -sigma_i g_i
+print(f"{name}: rank {layer.rank}; mean loss {losses.mean():.4f}; |g| max {grad.abs().max():.2e}")
 fig = make_subplots(rows=1, cols=2, subplot_titles=("gradient g_i", "first-order term -sigma_i g_i"))
 fig.add_trace(go.Scatter(y=grad.numpy(), mode="markers", marker={"size": 4}, name="g_i"), row=1, col=1)
-fig.add_trace(go.Scatter(y=(-sigma * grad).numpy(), mode="markers", marker={"size": 4}, name="-sigma g"), row=1, col=2)
+fig.add_trace(go.Scatter(y=first_order.numpy(), mode="markers", marker={"size": 4}, name="-sigma g"), row=1, col=2)
 fig.update_xaxes(title="basis i (0 = largest sigma)")
 fig.update_layout(height=340, showlegend=False)
 fig.show()
 
 # %% [markdown]
-# ## 2. Curvature: the exact diagonal and the symmetric-perturbation estimate
+# ## 2. Curvature: the exact diagonal and three sources
 #
 # The exact Hessian diagonal needs one double backward per basis, far too
-# expensive for 100k bases. The method estimates it from gradients only:
+# expensive for 100k bases. The engine takes it from one of three sources:
 
 # %%
-display(Markdown(doc_markdown(symmetric_difference_hessian)))
+display(Markdown(doc_markdown(bsi.method.curvature)))
 
 # %% [markdown]
 # To compare, we take a probe set of a few bases spread over this layer's
-# candidate pool (section 4 explains the pool), compute the exact Hessian over
-# them (`k` double backwards, `bsi.teaching.exact_hessian`), and draw many
-# one-probe estimates on the same mini-batch, each with a fresh Rademacher `z`
-# that is zero outside the probe set. The perturbation intensity follows the
-# method's rule for float32,
-# `eps = min(2^-(f+1) sigma_max / alpha, eps_max)` with `f = 23` fraction bits:
+# candidate pool (section 4 explains the pool) and compute, on each profiling
+# batch, the exact Hessian over them (`bsi.method.curvature.exact_hessian`,
+# `k` double backwards, which switch the model to eager attention while they
+# run: fused attention kernels have no double backward) and each source's
+# estimate with the probe set as its
+# pool. Hutchinson draws `settings.probes` Rademacher probes per batch with the
+# perturbation intensity of the method's rule for float32 (with bsi's floor,
+# `eps_floor`): `eps = max(min(2^-(f+1) sigma_max / alpha, eps_max), eps_floor)`,
+# `f = 23` fraction bits.
 
 # %%
-cfg = CompressConfig(keep_ratio=0.6, rounds=4)  # the default preset's schedule
-pool = candidate_pool(sigma, cfg.pool_rho)  # (p,)
+pool = candidate_pool(sigma, config.pool_rho)  # (p,)
 pick = torch.linspace(0, pool.numel() - 1, min(settings.exact_positions, pool.numel())).round().long().unique()
 positions = pool[pick]  # (k,) the probe set
-sigma_max = model_sigma_max(model)
-eps = eps_rule(sigma_max, torch.float32)
-print(f"sigma_max = {sigma_max:.2f}  ->  eps = {eps:.2e}; probe set: {positions.numel()} of the pool's {pool.numel()} bases")
-
+eps = eps_rule(sigma_max(model), torch.float32, config.eps_alpha, config.eps_max, config.eps_floor)
+print(f"sigma_max = {sigma_max(model):.2f}  ->  eps = {eps:.2e}; "
+      f"probe set: {positions.numel()} of the pool's {pool.numel()} bases")
+# one layer: probing it alone ("layer" scope) or all layers at once ("model") is the same; the averaged
+# centre gradient saves the third pass of each probe
+hutchinson = Hutchinson(eps=eps, scope="model", center="average")
+generator = torch.Generator().manual_seed(0)
 t0 = time.perf_counter()
-H = exact_hessian(model, layer, batches[0], loss_fn, positions)  # (k, k) float64
-t_exact = time.perf_counter() - t0
+hessians = [exact_hessian(model, layer, b, loss_fn, positions) for b in batches]  # each (k, k) float64
+t_exact = (time.perf_counter() - t0) / len(batches)
 t0 = time.perf_counter()
-rows = single_probe_estimates(model, layer, batches[0], loss_fn, positions, eps, settings.probes,
-                              torch.Generator().manual_seed(0))[:, positions].double()  # (P, k)
-t_probe = (time.perf_counter() - t0) / settings.probes
-exact_diag = H.diagonal()
-estimate = rows.mean(0)
+probe_rows = [profile_rows(hutchinson, model, layer, positions, [b] * settings.probes, loss_fn, generator)[2]
+              [:, positions].double() for b in batches]  # each (P, k): one-probe estimates
+t_probe = (time.perf_counter() - t0) / (settings.probes * len(batches))
+estimates = {
+    "fisher": profile_rows(Fisher(), model, layer, positions, batches, loss_fn)[2][:, positions].double().mean(0),
+    "mc-fisher": profile_rows(Fisher(sampled=True), model, layer, positions, batches, loss_fn,
+                              torch.Generator().manual_seed(1))[2][:, positions].double().mean(0),
+    "hutchinson": torch.cat(probe_rows).mean(0),
+}
+exact_diag = torch.stack([h.diagonal() for h in hessians]).mean(0)  # (k,) E[d2l/dsigma_i^2] over the batches
 print(f"exact: {t_exact / positions.numel():.2f} s per basis (double backward); "
-      f"estimator: {t_probe:.2f} s per probe (two gradients) for all {positions.numel()} bases at once")
+      f"hutchinson: {t_probe:.2f} s per probe (two gradients) for all {positions.numel()} bases at once; "
+      f"fisher: free with the gradient")
 
 fig = go.Figure()
 fig.add_trace(go.Scatter(x=positions.numpy(), y=exact_diag.numpy(), mode="markers", name="exact diag H",
-                         marker={"size": 10, "symbol": "circle-open"}))
-fig.add_trace(go.Scatter(x=positions.numpy(), y=estimate.numpy(), mode="markers",
-                         name=f"estimate, {settings.probes} probes", marker={"size": 6}))
-fig.add_trace(go.Scatter(x=positions.numpy(), y=rows[0].numpy(), mode="markers", name="estimate, 1 probe",
-                         marker={"size": 5, "symbol": "x"}))
-fig.update_layout(height=360, title=f"Hessian diagonal of {name} on the probe set",
+                         marker={"size": 11, "symbol": "circle-open"}))
+for label, symbol in (("fisher", "diamond"), ("mc-fisher", "square"), ("hutchinson", "x")):
+    fig.add_trace(go.Scatter(x=positions.numpy(), y=estimates[label].numpy(), mode="markers", name=label,
+                             marker={"size": 6, "symbol": symbol}))
+fig.update_layout(height=380, title=f"Hessian diagonal of {name} on the probe set, mean over {len(batches)} batches",
                   xaxis_title="basis i", yaxis_title="d2l/dsigma_i^2")
 fig.show()
-rel = float((estimate - exact_diag).norm() / exact_diag.norm())
-print(f"relative error of the {settings.probes}-probe estimate: {rel:.3f}")
+relative_error = {label: float((e - exact_diag).norm() / exact_diag.norm()) for label, e in estimates.items()}
+for label, e in estimates.items():
+    agree = float(torch.corrcoef(torch.stack([e, exact_diag]))[0, 1])
+    print(f"{label:>10}: relative error {relative_error[label]:.2f}, correlation with the exact diagonal {agree:.2f}, "
+          f"min {float(e.min()): .1e}")
 
 # %% [markdown]
-# Why one probe is noisy: `z_i (H z)_i = H_ii + sum_{j != i} H_ij z_i z_j`. The
-# cross terms average to zero over random signs, but each probe carries them, so
-# the variance of one probe is `sum_{j != i} H_ij^2`: the **off-diagonal** mass of
-# the Hessian. Here is `H` on the probe set:
+# Reading it: Hutchinson is unbiased, so its error is pure noise and falls with
+# more probes; the two Fisher sources are never negative and cost (almost)
+# nothing, but estimate the Gauss-Newton part of the Hessian, not the Hessian:
+# where the loss is not at a minimum in sigma the two differ (`docs/curvature.md`
+# compares the sources on many layers, with their costs). Why one Hutchinson
+# probe is noisy: `z_i (H z)_i = H_ii + sum_{j != i} H_ij z_i z_j`. The cross terms
+# average to zero over random signs, but each probe carries them, so the variance
+# of one probe is `sum_{j != i} H_ij^2`: the **off-diagonal** mass of the Hessian.
+# Here is `H` on the probe set (first batch):
 
 # %%
+H = hessians[0]
 fig = go.Figure(go.Heatmap(z=H.numpy(), x=[str(int(p)) for p in positions], y=[str(int(p)) for p in positions],
                            colorscale="RdBu", zmid=0))
 fig.update_layout(height=420, width=480, title="exact Hessian over the probe set", yaxis_autorange="reversed")
 fig.show()
-off = H - torch.diag(exact_diag)
-print(f"||diag H|| = {exact_diag.norm():.3e}, ||off-diagonal|| = {off.norm():.3e}")
+off = H - torch.diag(H.diagonal())
+print(f"||diag H|| = {H.diagonal().norm():.3e}, ||off-diagonal|| = {off.norm():.3e}")
 
 # %% [markdown]
 # ## 3. How many probes, and which eps?
 #
 # **Probes.** Averaging `s` independent probes divides the variance by `s`, so the
-# expected relative error falls like
-# `sqrt(||H - diag H||_F^2 / s) / ||diag H||`. The measured curve (mean over
-# disjoint groups of probes) follows that line, computed from the exact `H`.
-# Notebook 04 turns this into the method's sample-complexity bound.
+# expected relative error falls like `sqrt(||H - diag H||_F^2 / s) / ||diag H||`.
+# The measured curve (first batch, mean over disjoint groups of probes) follows
+# that line, computed from the exact `H`. Notebook 04 turns this into the
+# method's sample-complexity bound.
 
 # %%
+rows = probe_rows[0]  # (P, k) on the first batch
 sizes = [s for s in (1, 2, 4, 8, 16, 32, 64, 128) if s <= rows.shape[0]]
 measured = []
 for s in sizes:
     groups = rows[: (rows.shape[0] // s) * s].reshape(-1, s, rows.shape[1]).mean(1)  # (G, k)
-    measured.append(float(((groups - exact_diag).norm(dim=1) / exact_diag.norm()).mean()))
-predicted = [float(off.norm() / s**0.5 / exact_diag.norm()) for s in sizes]
+    measured.append(float(((groups - H.diagonal()).norm(dim=1) / H.diagonal().norm()).mean()))
+predicted = [float(off.norm() / s**0.5 / H.diagonal().norm()) for s in sizes]
 fig = go.Figure([go.Scatter(x=sizes, y=measured, mode="lines+markers", name="measured"),
                  go.Scatter(x=sizes, y=predicted, mode="lines", name="theory sqrt(||off||^2/s)/||diag||",
                             line={"dash": "dash"})])
 fig.update_xaxes(type="log", title="probes s")
 fig.update_yaxes(type="log", title="relative error of the diagonal")
-fig.update_layout(height=340, title="Error against the number of probes")
+fig.update_layout(height=340, title="Hutchinson: error against the number of probes")
 fig.show()
 
 # %% [markdown]
 # **eps.** Fix one probe `z` and vary `eps`. The exact target is `z * (H z)`. Too
 # small an `eps` and the two gradients differ by less than float32 can resolve
 # (round-off error grows like `1/eps`); too large and the third-order Taylor
-# terms show up (error grows like `eps^2`). The rule only guards the first side,
-# and conservatively: it asks that rounding stay within `alpha = 1%` of `eps` for
-# the *largest* sigma in the model, whatever the layer; `eps_max = 0.1` caps the
-# other side. The curve shows where this layer's valley actually lies.
+# terms show up (error grows like `eps^2`). The method's rule only guards the
+# rounding of `sigma + eps`, asking that it stay within `alpha = 1%` of `eps` for
+# the *largest* sigma in the model; bsi's floor guards the round-off of the
+# gradients too, and `eps_max` caps the other side. The curve shows where this
+# layer's valley actually lies.
 
 # %%
 zk = probe_vector(layer.rank, positions, torch.Generator().manual_seed(7))[positions].double()  # (k,) one fixed z
 target = zk * (H @ zk)  # what a one-probe estimate with this z should return
 rel_by_eps = []
-for e in settings.eps_values:  # the same seed draws the same z inside the estimator
-    row = single_probe_estimates(model, layer, batches[0], loss_fn, positions, e, 1,
-                                 torch.Generator().manual_seed(7))[0, positions].double()  # (k,)
+for e in settings.eps_values:  # the same seed draws the same z inside the source
+    row = profile_rows(Hutchinson(eps=e, scope="model", center="average"), model, layer, positions, batches[:1],
+                       loss_fn, torch.Generator().manual_seed(7))[2][0, positions].double()  # (k,)
     rel_by_eps.append(float((row - target).norm() / target.norm()))
 fig = go.Figure(go.Scatter(x=list(settings.eps_values), y=rel_by_eps, mode="lines+markers"))
 fig.add_vline(x=eps, line_dash="dot", annotation_text=f"rule: {eps:.1e}")
@@ -201,9 +244,9 @@ print(f"error near the rule's eps ({settings.eps_values[nearest]:.0e}): {rel_by_
 # %% [markdown]
 # ## 4. The candidate pool
 #
-# Probing every basis of every layer would waste probes (and variance) on bases
+# Scoring every basis of every layer would waste probes (and variance) on bases
 # that will never be pruned: the large ones. Each round, only a *pool* of the
-# smaller bases is probed and may be pruned:
+# smaller bases is scored and may be pruned:
 
 # %%
 display(Markdown(doc_markdown(candidate_pool)))
@@ -214,36 +257,53 @@ in_pool = torch.zeros(layer.rank, dtype=torch.bool)
 in_pool[pool] = True
 fig.add_trace(go.Bar(x=torch.nonzero(~in_pool).flatten().numpy(), y=sigma[~in_pool].numpy(), name="protected (K)"))
 fig.add_trace(go.Bar(x=pool.numpy(), y=sigma[pool].numpy(), name="candidate pool C"))
-fig.update_layout(height=320, bargap=0, title=f"rho = KeepRatio^(gamma/T) = {cfg.pool_rho:.3f}: pool of {pool.numel()} / {layer.rank}",
-                  xaxis_title="basis i", yaxis_title="sigma_i")
+fig.update_layout(height=320, bargap=0, xaxis_title="basis i", yaxis_title="sigma_i",
+                  title=f"rho = ratio^(gamma/T) = {config.pool_rho:.3f}: pool of {pool.numel()} / {layer.rank}")
 fig.show()
 for gamma in (0.5, 1.0, 2.0, 4.0):
-    rho = pool_rho(0.6, gamma, 4)
+    rho = pool_rho(config.ratio, gamma, config.rounds)
     print(f"gamma {gamma:>3}: rho = {rho:.3f}, pool = {candidate_pool(sigma, rho).numel():>4} of {layer.rank} bases")
 
 # %% [markdown]
-# ## 5. Importance against |sigma|
+# In size mode `target` the engine widens a round's pools when they are too small
+# to meet its parameter budget (`bsi.method.schedule.widen_pools`).
 #
-# Now the real thing on the whole pool: over the profiling mini-batches,
-# `bsi.method.curvature.profile_batch` returns the gradient and a Hessian-diagonal
-# estimate (here two probes per batch, this layer only). From them, three scores:
+# ## 5. The scores' terms, and what each one prunes
 #
-# * **BSI**: `I_i = -sigma_i g_i + 1/2 sigma_i^2 h_i` (the predicted loss increase);
-# * **BSI w/o Hessian**: `-sigma_i g_i`;
-# * **Basel**: `|sigma_i|` (magnitude after re-learning).
-#
-# Each prunes from the pool by the same importance-mass rule (keep the most
-# important bases holding `KeepRatio^(1/T)` of the pool's positive importance).
+# Now the real thing on the whole pool, with the engine's curvature source
+# (`compress.curvature`) over the profiling batches. Every score in `SCORES` is
+# computed from the same `sigma`, `g` and `h`; `bsi`'s two terms show which part
+# decides: where the curvature term outweighs the gradient term, the second-order
+# correction changes the ranking.
 
 # %%
-grads, hessians = torch.zeros(layer.rank), torch.zeros(layer.rank)
-generator = torch.Generator().manual_seed(1)
-for b in batches:
-    result = profile_batch(model, [layer], [pool], b, loss_fn, eps=eps, scope="layer", probes=2, generator=generator)
-    grads += result.grads[0] / len(batches)
-    hessians += result.hessians[0] / len(batches)
-scores = {s: importance_scores(sigma, grads, hessians, s) for s in ("bsi", "bsi-grad", "basel")}
-pruned = {s: set(select_pruned(scores[s], pool, cfg.keep_per_round).tolist()) for s in scores}
+source = curvature_source(config.curvature, eps=eps)
+_, grads, curvatures = profile_rows(source, model, layer, pool, batches, loss_fn, torch.Generator().manual_seed(1))
+g, h = grads.mean(0), curvatures.mean(0)  # (r,), (r,) zero outside the pool
+scores = {s: SCORES[s](sigma, g, h) for s in SCORES}  # each (r,)
+terms = SCORES["bsi"].terms(sigma, g, h)  # {"gradient": (r,), "curvature": (r,)}, their sum is scores["bsi"]
+fig = go.Figure(go.Scatter(x=terms["gradient"][pool].numpy(), y=terms["curvature"][pool].numpy(), mode="markers",
+                           marker={"size": 5, "color": scores["bsi"][pool].numpy(), "colorscale": "RdBu",
+                                   "colorbar": {"title": "I_i"}}))
+fig.update_layout(height=380, title=f"bsi's terms over the pool ({source.name} curvature)",
+                  xaxis_title="gradient term -sigma_i g_i", yaxis_title="curvature term sigma_i^2 h_i / 2")
+fig.show()
+share = float((terms["curvature"][pool].abs() > terms["gradient"][pool].abs()).float().mean())
+print(f"the curvature term outweighs the gradient term for {share:.0%} of the pool's bases")
+
+# %% [markdown]
+# A round removes a parameter budget's worth of bases (size mode `target`). As if
+# this layer were the whole model, round 1's budget
+# (`bsi.method.schedule.gradual_budgets`) and the engine's selection
+# (`select_to_budget`) make every score prune the *same number* of bases; only
+# which ones differs.
+
+# %%
+shape = LayerShape(layer.in_features, layer.out_features, layer.rank)
+budget, measure = gradual_budgets(shape.cost(shape.rank, "factor"), round(config.target_ratio * shape.dense),
+                                  config.rounds)[0]
+pruned = {s: set(select_to_budget({name: shape}, {name: scores[s]}, {name: pool}, budget, measure)[name].tolist())
+          for s in scores}
 for s in scores:
     print(f"{s:>8}: prunes {len(pruned[s]):>4} of the pool's {pool.numel()} bases")
 both = pruned["bsi"] & pruned["basel"]
@@ -274,10 +334,11 @@ print(f"rank correlation of I and |sigma| over the pool: {spearman:.2f}")
 
 # %% [markdown]
 # **Why the disagreement matters.** `|sigma_i|` says how much of a basis the layer
-# uses, not how much the *task* needs it: a small basis can carry exactly the
-# direction the answers depend on (large curvature, `I_i` high), and a large one
-# can be one the task does not care about, or even one whose removal lowers the
-# loss (`I_i < 0`, removed first by BSI, kept by Basel as long as it is large).
+# uses (in whitened bases: how much of its output on task inputs), not how much
+# the *task's answers* need it: a small basis can carry exactly the direction the
+# answers depend on (`I_i` high), and a large one can be one the answers do not
+# care about, or even one whose removal lowers the loss (`I_i < 0`, removed first
+# by BSI, kept by Basel as long as it is large).
 #
 # Is the prediction right? Drop some of the disputed bases one at a time and
 # measure the loss change on the same mini-batches (`bsi.teaching.loss_change_when_dropped`):
@@ -290,9 +351,9 @@ check = list(dict.fromkeys(only_bsi + only_basel + extremes))
 measured_change = loss_change_when_dropped(model, layer, batches, loss_fn, check)
 fig = go.Figure()
 fig.add_trace(go.Scatter(x=scores["bsi"][check].numpy(), y=measured_change.numpy(), mode="markers+text",
-                         name="BSI (with Hessian)", text=[str(i) for i in check], textposition="top center"))
+                         name="bsi (with curvature)", text=[str(i) for i in check], textposition="top center"))
 fig.add_trace(go.Scatter(x=scores["bsi-grad"][check].numpy(), y=measured_change.numpy(), mode="markers",
-                         name="gradient term only", marker={"symbol": "x"}))
+                         name="bsi-grad (gradient term only)", marker={"symbol": "x"}))
 lo, hi = float(measured_change.min()), float(measured_change.max())
 fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="prediction = measurement", line={"dash": "dot"}))
 fig.update_layout(height=400, title="Predicted against measured loss change of dropping one basis",
@@ -302,9 +363,19 @@ for i, m in zip(check, measured_change.tolist()):
     print(f"basis {i:>4}: sigma {sigma[i]:8.4f}  predicted {scores['bsi'][i]: .2e}  "
           f"(gradient only {scores['bsi-grad'][i]: .2e})  measured {m: .2e}  [{category(i)}]")
 
+# %% [markdown]
+# The curvature term is only as good as the source's estimate of the diagonal
+# (section 2): where a source overestimates it, the second-order correction moves
+# the prediction away from the measurement instead of towards it.
+
 # %%
-err_bsi = float((scores["bsi"][check] - measured_change).abs().mean())
-err_grad = float((scores["bsi-grad"][check] - measured_change).abs().mean())
-print(f"Result: on {name}, {settings.probes}-probe Hessian diagonal within {rel:.0%} of exact; BSI and Basel "
-      f"disagree on {len((pruned['bsi'] ^ pruned['basel']))} of {pool.numel()} pool bases; mean |prediction error| "
-      f"{err_bsi:.1e} with Hessian vs {err_grad:.1e} without; ran in {time.perf_counter() - start:.0f} s")
+prediction_error = {s: float((scores[s][check] - measured_change).abs().mean()) for s in ("bsi", "bsi-grad")}
+outcome = {"relative_error": relative_error, "fisher_min": float(estimates["fisher"].min()),
+           "probe_errors": dict(zip(sizes, measured)), "pruned": {s: len(p) for s, p in pruned.items()},
+           "terms_add_up": bool(torch.allclose(terms["gradient"] + terms["curvature"], scores["bsi"])),
+           "prediction_error": prediction_error}
+print(f"Result: on {name}, Hessian diagonal on {positions.numel()} bases within {relative_error['hutchinson']:.0%} "
+      f"of exact with {settings.probes} Hutchinson probes per batch ({relative_error['fisher']:.0%} with the "
+      f"Fisher); BSI and Basel disagree on {len(pruned['bsi'] ^ pruned['basel'])} of {pool.numel()} pool bases; "
+      f"mean |prediction error| {prediction_error['bsi']:.1e} with curvature vs {prediction_error['bsi-grad']:.1e} "
+      f"without; ran in {time.perf_counter() - start:.0f} s")

@@ -26,13 +26,14 @@ from IPython.display import Markdown, display
 from transformers.utils import logging as hf_logging
 
 import bsi.method.theory
-from bsi.data import BatchStream, load_task
-from bsi.pipeline.losses import answer_token_loss
-from bsi.models import load_model_and_tokenizer
 from bsi.analysis.spectrum import SpectrumAnalysis, SpectrumProgress, select_layers, spectrum_figure
-from bsi.teaching import doc_markdown, notebook_settings
+from bsi.data import BatchStream, load_task
+from bsi.method.scores import rademacher
 from bsi.method.theory import (hutchinson_variance, probes_needed, relative_error_by_probes, sample_complexity_psd,
-                        variance_bound_frobenius, variance_bound_power_law)
+                               variance_bound_frobenius, variance_bound_power_law)
+from bsi.models import load_model_and_tokenizer
+from bsi.pipeline.losses import answer_token_loss
+from bsi.teaching import doc_markdown, notebook_settings
 
 display(Markdown(doc_markdown(bsi.method.theory)))
 
@@ -50,7 +51,7 @@ display(Markdown(doc_markdown(bsi.method.theory)))
 hf_logging.disable_progress_bar()  # no loading bars between the results
 settings = notebook_settings()
 start = time.perf_counter()
-model, tokenizer = load_model_and_tokenizer(settings.model, attn_implementation="eager")
+model, tokenizer = load_model_and_tokenizer(settings.model)
 task = load_task("embedded-math", test_size=settings.test_size)
 stream = BatchStream(task.train, tokenizer, batch_size=settings.batch_size, max_length=settings.max_length, seed=4)
 batches = [next(stream) for _ in range(2)]
@@ -112,7 +113,7 @@ pd.DataFrame(table).style.format({c: "{:.3e}" for c in ("exact variance (s=1)", 
 layer = result.layers[0]
 H = layer.hessian
 generator = torch.Generator().manual_seed(0)
-z = (torch.randint(0, 2, (512, layer.k), generator=generator) * 2 - 1).double()  # (P, k) Rademacher probes
+z = torch.stack([rademacher(layer.k, generator) for _ in range(512)]).double()  # (P, k) the estimator's probes
 estimates = z * (z @ H)  # (P, k): one-probe estimates z * (H z) (H is symmetric)
 probe_counts = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 errors = relative_error_by_probes(estimates, H.diagonal(), probe_counts)
@@ -184,6 +185,9 @@ display(widgets.VBox([widgets.HBox([e_slider, d_slider]), widgets.HBox([n_slider
 # %%
 first = result.layers[0]
 eig = torch.tensor(first.eigenvalues, dtype=torch.float64)
+outcome = {"layers": [s.name for s in result.layers], "k": [s.k for s in result.layers],
+           "symmetric": [s.asymmetry for s in result.layers], "alpha": [s.fit.alpha for s in result.layers],
+           "simulated_error": {str(s): e for s, e in errors.items()}, "predicted_error": dict(zip(probe_counts, predicted))}
 alphas = ", ".join(f"{s.fit.alpha:.2f}" for s in result.layers)
 print(f"Result: top-{settings.spectrum_k} Hessian spectra of {len(result.layers)} layers, fitted a = {alphas} "
       f"(envelope a > 1/2 in {sum(s.fit.alpha_envelope > 0.5 for s in result.layers)}/{len(result.layers)}); "

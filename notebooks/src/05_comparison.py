@@ -16,13 +16,12 @@ from IPython.display import Markdown, display
 from transformers.utils import logging as hf_logging
 
 import bsi.pipeline.methods
-from bsi import Pipeline, make_config
 from bsi.analysis.compare import comparison_markdown
+from bsi.config import PRESETS, make_config
 from bsi.pipeline.evaluate import generate_answers
-from bsi.pipeline.methods import MethodPipeline
-from bsi.method.surgery import compressible_parameters, model_parameters
-from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport
+from bsi.pipeline.runner import Pipeline
 from bsi.pipeline.sweep import results_figure, results_table
+from bsi.reports import DoneReport, StageReport
 from bsi.teaching import notebook_settings, summary_row
 
 display(Markdown(bsi.pipeline.methods.__doc__.split("Add a method")[0]))
@@ -31,58 +30,56 @@ display(Markdown(bsi.pipeline.methods.__doc__.split("Add a method")[0]))
 # ## 1. The reference: the fine-tuned dense model
 #
 # A small grid, sized for a CPU: a few methods at a few target sizes (the share
-# of the compressible layers' parameters left), with a short schedule. The same
-# settings as notebook 03, so the cached task fine-tune is shared. For the full
-# grid of all six methods and five sizes, with generation speeds, run
+# of the compressible layers' parameters left), from the library's `sweep-cpu`
+# preset with fewer test questions. Its stage 1 is the `default` preset's, as in
+# notebook 03, so the cached task fine-tune is shared. For the full grid of all
+# methods and five sizes, with generation speeds, run
 # `bsi sweep --preset sweep-cpu --out runs/sweep` (it resumes if interrupted).
+#
+# `Pipeline.reference_stage()` loads the model, fine-tunes it (or reads the cache)
+# and evaluates it once; every method's pipeline below is given these metrics
+# instead of measuring them again, as `bsi sweep` does.
 
 # %%
 hf_logging.disable_progress_bar()  # no loading bars between the results
 settings = notebook_settings()
 start = time.perf_counter()
 torch.manual_seed(0)
-overrides = settings.pipeline_overrides()
-overrides["compress"] = {**overrides["compress"], **settings.sweep_compress}
-config = make_config(None, overrides)
+config = settings.sweep_config()
+print(f"preset '{settings.sweep_preset}' = {PRESETS[settings.sweep_preset]}\nwith less work: {settings.sweep_work}")
 print(f"methods {settings.sweep_methods} at targets {settings.sweep_targets}; "
       f"{config.compress.rounds} rounds x {config.compress.round_length} iterations for the engine methods")
 
 reference = Pipeline(config)
-reference.load()
-for report in reference.finetune_stage():
-    if isinstance(report, StageReport) and report.event == "end":
+for report in reference.reference_stage():
+    if isinstance(report, StageReport) and report.stage == "finetune" and report.event == "end":
         print(f"fine-tune: {'cached ' if report.cached else ''}{report.detail}")
-for report in reference.evaluate_stage("finetuned"):
-    if isinstance(report, EvalReport):
-        finetuned = reference.metrics["finetuned"]
-params = model_parameters(reference.model)
-now, dense = compressible_parameters(reference.model)
-rows = [summary_row("dense", 1.0, {
-    "params_before": params, "params_after": params, "compressible_ratio": now / dense,
-    "metrics_after": finetuned.to_dict(), "seconds": 0.0})]
+finetuned = reference.reference  # Metrics of the fine-tuned dense model
+summary = {"params_before": reference.params_before, "params_after": reference.params_before,
+           "compressible_ratio": 1.0, "metrics_after": finetuned.to_dict()}
+rows = [summary_row("dense", 1.0, summary)]
 questions = [e.question for e in reference.task.test[:3]]
-generations = {"fine-tuned dense": (params, generate_answers(reference.model, reference.tokenizer, questions,
-                                                             max_new_tokens=settings.max_new_tokens))}
-print(f"dense: {params:,} parameters, accuracy {finetuned.accuracy:.0%}, loss {finetuned.loss:.3f}")
+generations = {"fine-tuned dense": (reference.params_before,
+                                    generate_answers(reference.model, reference.tokenizer, questions,
+                                                     max_new_tokens=config.max_new_tokens))}
+print(f"dense: {reference.params_before:,} parameters, accuracy {finetuned.accuracy:.0%}, loss {finetuned.loss:.3f}")
 del reference
 
 # %% [markdown]
 # ## 2. The sweep
 #
-# Each cell is one `bsi.pipeline.methods.MethodPipeline` run (what `bsi sweep` runs per
-# cell), reusing the dense model's metrics. After the smallest target, each
-# method's model also answers a few test questions for section 4.
+# Each cell is one `Pipeline(cell_config, method=name, reference=finetuned)` run,
+# what `bsi sweep` runs per cell: stage 1 comes from the cache, the dense model is
+# not evaluated again. After the smallest target, each method's model also
+# answers a few test questions for section 4.
 
 # %%
 smallest = min(settings.sweep_targets)
 for target in settings.sweep_targets:
+    cell = make_config(base=config, overrides={"compress": {"target_ratio": target}})  # size mode target
     for method in settings.sweep_methods:
-        cell = make_config(None, {**overrides, "compress": {**overrides["compress"], "target_ratio": target,
-                                                         "keep_ratio": None}})
-        pipeline = MethodPipeline(cell, method, finetuned_metrics=finetuned)
-        rounds = 0
+        pipeline = Pipeline(cell, method=method, reference=finetuned)
         for report in pipeline.run():
-            rounds += isinstance(report, RoundReport)
             if isinstance(report, DoneReport):
                 rows.append(summary_row(method, target, report.summary))
         row = rows[-1]
@@ -91,7 +88,7 @@ for target in settings.sweep_targets:
         if target == smallest:
             generations[f"{method} @ {target:g}"] = (
                 row["params_total"],
-                generate_answers(pipeline.model, pipeline.tokenizer, questions, max_new_tokens=settings.max_new_tokens))
+                generate_answers(pipeline.model, pipeline.tokenizer, questions, max_new_tokens=config.max_new_tokens))
         del pipeline
 
 # %% [markdown]
@@ -123,6 +120,7 @@ display(Markdown(comparison_markdown(result)))
 table = pd.DataFrame(rows)
 at_small = table[table["target"] == smallest].sort_values(["accuracy", "loss"], ascending=[False, True])
 best = at_small.iloc[0]
+outcome = {"rows": table[["method", "target", "compressible_ratio", "accuracy", "loss"]].to_dict("records")}
 print(f"Result: {len(rows) - 1} cells ({len(settings.sweep_methods)} methods x {len(settings.sweep_targets)} sizes); "
       f"at target {smallest:g} the best is {best['method']} with accuracy {best['accuracy']:.0%} "
       f"(dense {finetuned.accuracy:.0%}), losses "

@@ -1,0 +1,248 @@
+"""Every plotly figure of bsi: plain records in, ``go.Figure`` out (no Gradio, no model).
+
+One module for all of them, so the dashboard, ``bsi sweep``, ``bsi spectrum``
+and the notebooks draw the same things the same way:
+
+* the Compress tab's live charts: :func:`loss_figure`, :func:`params_figure`,
+  :func:`rank_heatmap` (from step losses and :class:`~bsi.reports.RoundReport`);
+* the Inspect tab's :func:`basis_figure` (the per-basis rows of one layer);
+* :func:`spectrum_figure`, the Hessian spectra of a
+  :class:`~bsi.analysis.spectrum.SpectrumResult` (``spectrum.html``, the Spectra tab);
+* :func:`results_figure`, a sweep's accuracy and loss against model size
+  (``figure.html``, the Compare tab).
+
+A builder given nothing to draw returns a figure with a one-line message
+instead of blank axes. Hover labels show about four significant figures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50), height=340,
+              legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
+STAGE_COLORS = {"finetune": "#7f7f7f", "train": "#1f77b4", "profile": "#ff7f0e", "recover": "#2ca02c"}
+STATUS_COLORS = {"protected": "#9ecae1", "pool (kept)": "#3182bd", "pruned": "#e6550d"}
+TERM_STYLES = {"gradient": dict(color="#756bb1"), "curvature": dict(color="#31a354", dash="dot"),
+               "magnitude": dict(color="#636363")}
+METHOD_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#d62728", "#e377c2", "#7f7f7f")
+
+
+def empty_figure(title: str, message: str) -> go.Figure:
+    """A titled figure holding only ``message`` (what a builder shows before there is data)."""
+    fig = go.Figure(layout=dict(title=title, **LAYOUT))
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+# ------------------------------------------------------------- compress tab
+def loss_figure(steps: Sequence[tuple[str, int, float]]) -> go.Figure:
+    """Training loss against step, one trace per stage.
+
+    Args:
+        steps: ``(stage, step, loss)`` with ``step`` counted across the whole
+            run (so the stages follow each other on the x axis).
+    """
+    if not steps:
+        return empty_figure("Loss", "no steps yet: press Start")
+    fig = go.Figure(layout=dict(title="Loss (answer-token cross-entropy)", xaxis_title="step",
+                                yaxis_title="loss", **LAYOUT))
+    for stage in dict.fromkeys(s for s, _, _ in steps):
+        xs = [x for s, x, _ in steps if s == stage]
+        ys = [y for s, _, y in steps if s == stage]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers" if len(xs) < 60 else "lines", name=stage,
+                                 line=dict(color=STAGE_COLORS.get(stage)),
+                                 hovertemplate="step %{x}: loss %{y:.4g}<extra>" + stage + "</extra>"))
+    return fig
+
+
+def params_figure(rounds: Sequence[Any], params_before: int | None = None,
+                  compressible_before: int | None = None) -> go.Figure:
+    """Whole-model and compressible-layer parameters after each round (round 0 = before compression)."""
+    if not rounds:
+        return empty_figure("Parameters", "no round finished yet")
+    xs = [0] + [r.round for r in rounds]
+    total0 = params_before if params_before is not None else rounds[0].params_total
+    comp0 = compressible_before if compressible_before is not None else rounds[0].compressible_before
+    fig = go.Figure(layout=dict(title="Parameters vs round", xaxis_title="round", yaxis_title="parameters",
+                                **LAYOUT))
+    hover = "round %{x}: %{y:.4s} parameters<extra>%{fullData.name}</extra>"
+    fig.add_trace(go.Scatter(x=xs, y=[total0] + [r.params_total for r in rounds], name="whole model",
+                             mode="lines+markers", hovertemplate=hover))
+    fig.add_trace(go.Scatter(x=xs, y=[comp0] + [r.params_compressible for r in rounds],
+                             name="compressible layers", mode="lines+markers", hovertemplate=hover))
+    fig.update_xaxes(dtick=1)
+    fig.update_yaxes(tickformat=".3~s", rangemode="tozero")
+    return fig
+
+
+def rank_heatmap(rounds: Sequence[Any]) -> go.Figure:
+    """Kept share of every layer's bases after every round, one panel per layer kind, one row per block.
+
+    A 30-block model has 210 layers; drawn as one row each they would not be
+    readable. Here each kind (``self_attn.q_proj``, ``mlp.down_proj``, ...)
+    gets a panel whose rows are the transformer blocks and whose columns are
+    the rounds (the first column is the state before the first round shown),
+    so the heatmap is as tall as the model is deep. Colour is rank / rank at
+    the start (the kinds differ in size); hovering shows the rank itself.
+    Layers outside the blocks (an untied ``lm_head``) get their own panel.
+    """
+    if not rounds:
+        return empty_figure("Ranks", "no round finished yet")
+    from bsi.analysis.spectrum import layer_block, layer_kind
+
+    first = rounds[0]
+    columns = [str(first.round - 1)] + [str(r.round) for r in rounds]
+    panels: dict[str, dict[str, list[int]]] = {}  # kind -> row label -> ranks per column
+    for i, layer in enumerate(first.layers):
+        block = layer_block(layer.name)
+        kind = layer_kind(layer.name) if block is not None else layer.name
+        ranks = [layer.rank_before] + [r.layers[i].rank_after for r in rounds]
+        panels.setdefault(kind, {})["–" if block is None else str(block)] = ranks
+    rows = sorted({row for panel in panels.values() for row in panel}, key=lambda r: (r == "–", int(r) if r != "–" else 0))
+    kinds = list(panels)
+    fig = make_subplots(rows=1, cols=len(kinds), shared_yaxes=True, subplot_titles=kinds,
+                        horizontal_spacing=min(0.02, 0.5 / max(len(kinds), 1)))
+    for col, kind in enumerate(kinds, start=1):
+        panel = panels[kind]
+        ranks = [panel.get(row) for row in rows]
+        z = [[r / max(values[0], 1) for r in values] if values else [None] * len(columns) for values in ranks]
+        text = [[str(r) for r in values] if values else [""] * len(columns) for values in ranks]
+        fig.add_trace(go.Heatmap(z=z, x=columns, y=rows, text=text, coloraxis="coloraxis", name=kind, xgap=1, ygap=1,
+                                 hovertemplate=f"{kind}, block %{{y}}<br>after round %{{x}}: rank %{{text}} "
+                                               "(%{z:.0%} of its start)<extra></extra>"), row=1, col=col)
+    fig.update_layout(
+        title="Ranks: share of each layer's bases kept (columns: rounds; rows: blocks)",
+        coloraxis=dict(colorscale="Viridis", cmin=0, cmax=1, colorbar=dict(title="kept", tickformat=".0%")),
+        **{**LAYOUT, "height": max(320, 16 * len(rows) + 170), "margin": dict(l=50, r=20, t=90, b=40)},
+    )
+    fig.update_annotations(font_size=10)
+    fig.update_xaxes(title_text="round", tickfont=dict(size=9), type="category")
+    fig.update_yaxes(autorange="reversed", type="category", tickfont=dict(size=9))
+    fig.update_yaxes(title_text="block", row=1, col=1)
+    return fig
+
+
+# -------------------------------------------------------------- inspect tab
+def basis_figure(rows: Sequence[dict]) -> go.Figure:
+    """The per-basis numbers of one layer in one round, against the basis' original index.
+
+    ``rows`` are :func:`bsi.app.inspect.basis_rows` records: ``basis``,
+    ``importance``, ``status`` and one ``"<term> term"`` entry per term of the
+    score (None where the term was not measured, e.g. the curvature outside
+    the candidate pool). Markers: the importance, coloured by status
+    (protected, in the pool and kept, pruned); lines: the score's terms.
+    """
+    if not rows:
+        return empty_figure("Bases", "choose a round and a layer")
+    fig = go.Figure(layout=dict(title="Importance of every basis (the smallest in the pool are pruned)",
+                                xaxis_title="basis (0 = largest singular value at the start)",
+                                yaxis_title="predicted loss increase", **{**LAYOUT, "height": 380}))
+    for status, color in STATUS_COLORS.items():
+        sel = [r for r in rows if r["status"] == status]
+        if sel:
+            fig.add_trace(go.Scatter(x=[r["basis"] for r in sel], y=[r["importance"] for r in sel], mode="markers",
+                                     name=f"importance: {status}", marker=dict(color=color, size=6),
+                                     hovertemplate="basis %{x}: %{y:.4g}<extra>" + status + "</extra>"))
+    order = sorted(rows, key=lambda r: r["basis"])
+    for key in (k for k in rows[0] if k.endswith(" term")):
+        term = key.removesuffix(" term")
+        fig.add_trace(go.Scatter(x=[r["basis"] for r in order], y=[r[key] for r in order], mode="lines", name=key,
+                                 line=dict(width=1, **TERM_STYLES.get(term, {})),
+                                 hovertemplate="basis %{x}: %{y:.4g}<extra>" + key + "</extra>"))
+    return fig
+
+
+# ------------------------------------------------------------------ spectra
+def spectrum_figure(result: Any = None) -> go.Figure:
+    """Log-log plots of ``|lambda_k|`` against ``k``: raw (left) and divided by ``|lambda_1|`` with envelopes (right).
+
+    ``result`` is a :class:`~bsi.analysis.spectrum.SpectrumResult`. Filled
+    markers are positive eigenvalues, open markers negative ones; the dashed
+    line on the right is each layer's envelope ``k^-alpha`` with its fitted
+    alpha (the assumption of the method's variance bound needs alpha > 1/2).
+    """
+    if result is None or not result.layers:
+        return empty_figure("Hessian spectrum", "no spectrum yet: choose a layer and press Compute")
+    from plotly.colors import qualitative
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("|eigenvalue| by rank",
+                                                        "relative to |lambda_1|, with envelope k^-alpha"))
+    kinds = sorted({s.kind for s in result.layers})
+    palette = {kind: qualitative.Plotly[i % len(qualitative.Plotly)] for i, kind in enumerate(kinds)}
+    for s in result.layers:
+        points = [(k, v) for k, v in enumerate(s.eigenvalues, start=1) if v != 0]
+        ks = [k for k, _ in points]
+        magnitudes = [abs(v) for _, v in points]
+        symbols = ["circle" if v > 0 else "circle-open" for _, v in points]
+        color = palette[s.kind]
+        label = f"{s.name} (alpha {s.fit.alpha:.2f})"
+        common = dict(mode="markers+lines", line=dict(width=1, color=color), legendgroup=s.name,
+                      marker=dict(symbol=symbols, size=5, color=color), hovertemplate="k = %{x}: %{y:.4g}")
+        fig.add_trace(go.Scatter(x=ks, y=magnitudes, name=label, **common), row=1, col=1)
+        fig.add_trace(go.Scatter(x=ks, y=[m / s.lambda_1 for m in magnitudes], name=label, showlegend=False,
+                                 **common), row=1, col=2)
+        if math.isfinite(s.fit.alpha):
+            every = range(1, len(s.eigenvalues) + 1)
+            fig.add_trace(go.Scatter(x=list(every), y=[k ** -s.fit.alpha for k in every], mode="lines",
+                                     showlegend=False, legendgroup=s.name, hoverinfo="skip",
+                                     line=dict(dash="dash", width=1, color=color)), row=1, col=2)
+    fig.update_xaxes(type="log", title_text="k (rank by magnitude)")
+    fig.update_yaxes(type="log", exponentformat="power")
+    fig.update_yaxes(title_text="|lambda_k|", row=1, col=1)
+    fig.update_yaxes(title_text="|lambda_k| / |lambda_1|", row=1, col=2)
+    batches = f"{result.batches} batch" + ("es" if result.batches != 1 else "")
+    fig.update_layout(title=f"Hessian spectra in sigma-space (top-{result.top_k} sigmas, {batches})",
+                      template="plotly_white", height=520, legend=dict(font=dict(size=10)))
+    return fig
+
+
+# ------------------------------------------------------------------- sweeps
+def results_figure(rows: Sequence[dict], reference: str = "dense") -> go.Figure:
+    """Accuracy (left) and answer-token loss (right) against model size, one line per method.
+
+    ``rows`` are a sweep's ``results.jsonl`` records (``method``, ``target``,
+    ``params_total``, ``accuracy`` in [0, 1], ``loss``); the row whose method
+    is ``reference`` (the sweep's fine-tuned dense model) starts every line.
+    The size axis runs from large to small, in millions of parameters; the
+    accuracy axis starts at 0.
+    """
+    if not rows:
+        return empty_figure("Accuracy and loss against model size", "no results yet: load a sweep's results.jsonl")
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy on the test split", "answer-token loss"))
+    ref = next((r for r in rows if r["method"] == reference), None)
+    methods = list(dict.fromkeys(r["method"] for r in rows if r["method"] != reference))
+    if not methods and ref is not None:
+        methods = [reference]
+    for i, method in enumerate(methods):
+        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: -r["params_total"])
+        points = ([ref] if ref is not None and method != reference else []) + mine
+        x = [r["params_total"] / 1e6 for r in points]
+        text = [f"{r['method']} at target {r['target']:g}" for r in points]
+        for col, key, scale, unit in ((1, "accuracy", 100.0, "%"), (2, "loss", 1.0, "")):
+            y = [r[key] * scale if _finite(r.get(key)) else None for r in points]
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=method, legendgroup=method,
+                                     showlegend=col == 1, text=text, line={"color": METHOD_COLORS[i % len(METHOD_COLORS)]},
+                                     hovertemplate="%{text}<br>%{x:.4g} M parameters<br>" + key +
+                                                   " %{y:.4g}" + unit + "<extra></extra>"), row=1, col=col)
+    accuracies = [100 * r["accuracy"] for r in rows if _finite(r.get("accuracy"))]
+    top = min(100.0, max(accuracies, default=0.0) * 1.15 + 2)
+    for col in (1, 2):
+        fig.update_xaxes(title_text="model size (M parameters, smaller to the right)", autorange="reversed",
+                         tickformat=".3~g", row=1, col=col)
+    fig.update_yaxes(title_text="accuracy (%)", range=[0, top], ticksuffix="%", row=1, col=1)
+    fig.update_yaxes(title_text="loss", tickformat=".3~g", row=1, col=2)
+    fig.update_layout(title="Accuracy and loss against model size (each line starts at the fine-tuned dense model)",
+                      template="plotly_white", height=460, legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
