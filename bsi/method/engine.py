@@ -433,12 +433,10 @@ class Compressor:
         """
         if not self.at_round_boundary:
             raise RuntimeError("Compressor state can only be saved between rounds")
-        tensors: dict[str, torch.Tensor] = {"generator": self.generator.get_state()}
+        tensors = self.process_state()
         for n, layer in self.layers.items():
             for key in ("U", "V", "sigma", "aux_u", "aux_v", "basis_ids"):
                 tensors[f"layer.{n}.{key}"] = whole(getattr(layer, key).detach()).cpu()
-        for key, value in (self._monitor or {}).items():
-            tensors[f"monitor.{key}"] = value
         optimizer = self.optimizer.state_dict()
         for index, state in optimizer["state"].items():
             for key, value in state.items():
@@ -450,21 +448,32 @@ class Compressor:
         }
         return {k: v.contiguous().cpu() for k, v in tensors.items()}, plain
 
+    def process_state(self) -> dict[str, torch.Tensor]:
+        """The part of :meth:`state_dict` that is this process's own: the probe generator and the monitor batch.
+
+        Under several processes each has its own (its probe seed, its
+        batches); everything else is identical on all of them.
+        """
+        tensors = {"generator": self.generator.get_state()}
+        return tensors | {f"monitor.{key}": value for key, value in (self._monitor or {}).items()}
+
     def load_state_dict(self, tensors: dict[str, torch.Tensor], plain: dict) -> None:
         """Continue from :meth:`state_dict`: the layers are rebuilt at the saved ranks (no SVD, no calibration)."""
         def saved(name: str, key: str) -> torch.Tensor:
             return tensors[f"layer.{name}.{key}"]
 
-        if not self.converted:
+        if not self.converted:  # written in the saved bases (and sharded as it goes, under FSDP)
             def bases(name, linear):
                 return saved(name, "U").to(linear.weight), saved(name, "sigma"), saved(name, "V").to(linear.weight)
 
             names = sorted({k.split(".", 1)[1].rsplit(".", 1)[0] for k in tensors if k.startswith("layer.")},
                            key=compressible_linear_names(self.model).index)
-            self._adopt(to_basis_form(self.model, aux_rank=self.config.aux_rank, seed=self.config.seed,
-                                      names=names, bases=bases))
+            self._adopt(self.convert_layers(self.model, aux_rank=self.config.aux_rank, seed=self.config.seed,
+                                            names=names, bases=bases))
+        else:
+            for n, layer in self.layers.items():
+                layer.U.data, layer.V.data = saved(n, "U").to(layer.U), saved(n, "V").to(layer.V)
         for n, layer in self.layers.items():
-            layer.U.data, layer.V.data = saved(n, "U").to(layer.U), saved(n, "V").to(layer.V)
             layer.basis_ids = saved(n, "basis_ids").to(self.device)
             for key in ("sigma", "aux_u", "aux_v"):
                 getattr(layer, key).data = saved(n, key).to(device=self.device, dtype=getattr(layer, key).dtype)

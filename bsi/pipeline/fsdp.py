@@ -55,7 +55,7 @@ torch 2.13.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -69,6 +69,7 @@ from bsi.method.surgery import (
     compressible_linear_names,
     freeze_all_but_coefficients,
     replace_module,
+    to_basis_form,
 )
 
 
@@ -213,35 +214,27 @@ class Sharding:
         for block in shard_groups(self.model, names):
             self.shard_block(block)
 
-    def convert(self, model: nn.Module, *, aux_rank: int = 8, seed: int = 0,
+    def convert(self, model: nn.Module, *, aux_rank: int = 8, seed: int = 0, names: Sequence[str] | None = None,
                 bases: Mapping[str, Bases] | Callable[[str, nn.Linear], Bases] | None = None) -> dict[str, BasisLinear]:
-        """Write every compressible layer in the Basel form, sharding each block as soon as its layers are done.
+        """:func:`~bsi.method.surgery.to_basis_form`, sharding each block as soon as its last layer is converted.
 
-        A drop-in for :func:`~bsi.method.surgery.to_basis_form` (the engine's
-        ``convert_layers``): the same bases, the same random auxiliary start
-        (one generator seeded with ``seed``, drawn in the same layer order),
-        the same frozen flags; but at most one block's full Basel form exists
-        at a time. Returns the layers by their names in the unsharded model.
+        A drop-in for it (the engine's ``convert_layers``): the same bases, the
+        same random auxiliary start, the same frozen flags; but at most one
+        block's full Basel form exists at a time. Returns the layers by their
+        names in the unsharded model.
         """
         if model is not self.model:
             raise ValueError("Sharding.convert converts the model the Sharding was made for")
-        targets = compressible_linear_names(model)
-        if not targets:
-            raise BSIError(f"{type(model).__name__} has no nn.Linear layers to compress (only embeddings or custom layers)")
-        last = {names[-1]: block for block, names in shard_groups(model, targets).items()}
-        freeze_all_but_coefficients(model, [])
-        generator = torch.Generator().manual_seed(seed)
-        layers: dict[str, BasisLinear] = {}
-        for name in targets:
-            linear = model.get_submodule(name)
-            given = bases(name, linear) if callable(bases) else (bases or {}).get(name)
-            layers[name] = BasisLinear.from_linear(linear, aux_rank=aux_rank, generator=generator, bases=given)
-            replace_module(model, name, layers[name])
-            del linear, given  # the dense weight goes as soon as its bases exist
+        targets = compressible_linear_names(model) if names is None else list(names)
+        last = {layers[-1]: block for block, layers in shard_groups(model, targets).items()}
+        freeze_all_but_coefficients(model, [])  # frozen before FSDP sees them; to_basis_form thaws the coefficients
+
+        def shard_when_done(name: str) -> None:
             if name in last:
                 self.shard_block(last[name])
-        freeze_all_but_coefficients(model, layers.values())
-        return layers
+
+        return to_basis_form(model, aux_rank=aux_rank, seed=seed, names=targets, bases=bases,
+                             after_layer=shard_when_done)
 
     # ----------------------------------------------------------- prune
     @torch.no_grad()

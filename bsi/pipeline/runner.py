@@ -290,11 +290,9 @@ class Pipeline:
                                 train_loss_fn=self.train_loss(cfg.distill), compute_dtype=self.dtype,
                                 reduce=self.dist.reduce, probe_seed=cfg.seed + 7919 * self.dist.rank, **on_shards)
         if self._resume is not None:
-            tensors, plain = self._resume
-            compressor.load_state_dict(tensors, plain["compressor"])
-            stream.load_state_dict(plain["stream"])
-            if sharded:
-                self.sharding.shard()
+            tensors, position = self._own_state(*self._resume)
+            compressor.load_state_dict(tensors, self._resume[1]["compressor"])
+            stream.load_state_dict(position)
             yield StageReport("compress", "resume", f"after round {len(self.round_log)}")
         else:
             yield from self._limit_skips(compressor.convert())
@@ -321,19 +319,44 @@ class Pipeline:
     def checkpoint(self, compressor: Compressor, stream: BatchStream) -> None:
         """Save the state after a complete round into ``out_dir/checkpoint`` (atomic; rank 0 writes).
 
-        With sharded bases every process takes part in gathering them.
+        Under several processes each also sends rank 0 what is its own, its
+        stream position, probe generator and monitor batch
+        (:meth:`Compressor.process_state`), so that a resumed run continues
+        every process where it stood; with sharded bases every process takes
+        part in gathering them.
         """
-        if self.out_dir is None or not (self.dist.is_main or self.sharding is not None):
+        if self.out_dir is None:
             return
-        tensors, compressor_plain = compressor.state_dict()
+        tensors, compressor_plain = compressor.state_dict() if self.dist.is_main or self.sharding is not None else ({}, {})
+        own = None
+        if self.dist.enabled:
+            own = self.dist.gather(({k: v.cpu() for k, v in compressor.process_state().items()}, stream.state_dict()))
         if not self.dist.is_main:
             return
-        save_checkpoint(self.out_dir / CHECKPOINT, tensors, {
+        plain = {
             "pipeline_config": self.config.to_dict(), "compressor": compressor_plain,
             "stream": stream.state_dict(), "rounds": self.round_log,
             "params_before": self.params_before, "compressible_before": self.compressible_before,
             "metrics": {k: m.to_dict() for k, m in self.metrics.items()}, "method": self.method_name,
-        })
+        }
+        if own is not None:
+            plain["streams"] = [position for _, position in own]
+            for rank, (state, _) in enumerate(own):
+                tensors |= {f"rank{rank}.{key}": value for key, value in state.items()}
+        save_checkpoint(self.out_dir / CHECKPOINT, tensors, plain)
+
+    def _own_state(self, tensors: dict[str, torch.Tensor], plain: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict]:
+        """This process's view of a checkpoint: its own generator, monitor batch and stream position where saved.
+
+        A process the checkpoint has nothing of its own for (one process, or
+        more processes than when it was saved) continues from rank 0's.
+        """
+        prefix = f"rank{self.dist.rank}."
+        own = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+        if not own:
+            return tensors, plain["stream"]
+        shared = {k: v for k, v in tensors.items() if k != "generator" and not k.startswith("monitor.")}
+        return shared | own, plain["streams"][self.dist.rank]
 
     def _start_sharding(self, cfg: Any) -> bool:
         """With ``fsdp`` on several processes: shard from now on (the teacher at once, the Basel form as it is made).
