@@ -143,22 +143,11 @@ def _flags(command: str):
             if (a.option_strings or a.nargs == "?") and a.option_strings[:1] != ["-h"]]
 
 
-#: flags defined in files of other branches, with what is wrong
-NOT_MINE = {
-    **{("spectrum", f): "bsi/cli/spectrum.py: no help text" for f in
-       ("--question-field", "--answer-field", "--batch-size", "--max-length", "--seed", "--trust-remote-code")},
-    ("sweep", "--config"): "bsi/cli/sweep.py: does not say what leaving it out means",
-    ("compress", "--train-size"): "bsi/cli/flags.py adds '(default: None)' to a help that states its default",
-    ("sweep", "--train-size"): "bsi/cli/flags.py adds '(default: None)' to a help that states its default",
-    ("compress", "--eps"): "bsi/cli/flags.py adds '(default: the rule)' to a help that states its default",
-    ("sweep", "--eps"): "bsi/cli/flags.py adds '(default: the rule)' to a help that states its default",
-}
 COMMANDS = ("compress", "export", "eval", "chat", "presets", "sweep", "compare", "spectrum")
 
 
 @pytest.mark.parametrize("command,flag,text,shown", [
-    pytest.param(c, f, t, h, id=f"{c} {f}", marks=[pytest.mark.xfail(reason=NOT_MINE[c, f], strict=True)]
-                 if (c, f) in NOT_MINE else []) for c in COMMANDS for f, t, h in _flags(c)])
+    pytest.param(c, f, t, h, id=f"{c} {f}") for c in COMMANDS for f, t, h in _flags(c)])
 def test_every_flag_has_help_and_shows_its_default(command, flag, text, shown):
     assert text and len(text) > 10, f"{command} {flag} has no help text"
     assert any(w in shown for w in ("default:", "(default)", "(required")), f"{command} {flag}: {shown!r} shows no default"

@@ -260,7 +260,9 @@ class LayerSpectrum:
     ``lambda_1`` is the largest magnitude; ``negative_share`` the share of
     negative eigenvalues; ``probes`` the Hutchinson probes the measured
     spectrum asks for (relative error ``error`` with probability ``1 - delta``,
-    :func:`bsi.method.theory.probes_needed`).
+    :func:`bsi.method.theory.probes_needed`); ``asymmetry`` is
+    ``||H - H^T|| / ||H||`` of the measured block, a check of the measurement
+    (an exact Hessian is symmetric, so it should sit at round-off level).
     """
 
     name: str
@@ -275,6 +277,7 @@ class LayerSpectrum:
     trace: float
     negative_share: float
     frobenius: float
+    asymmetry: float
     probes: float
     error: float
     delta: float
@@ -294,6 +297,7 @@ class LayerSpectrum:
             lambda_1=float(eig.abs().max()) if eig.numel() else 0.0, trace=float(eig.sum()),
             negative_share=float((eig < 0).double().mean()) if eig.numel() else 0.0,
             frobenius=float(sym.norm()),
+            asymmetry=float((h - h.T).norm() / h.norm()) if h.norm() > 0 else 0.0,
             probes=probes_needed(eig, error, delta) if eig.numel() else math.nan,
             error=error, delta=delta, hessian=sym,
         )

@@ -71,7 +71,8 @@ def add_config_flags(parser: argparse.ArgumentParser, *, preset: str = "default"
             if meta.get("choices"):
                 help_text += f" {{{', '.join(map(str, meta['choices']))}}}"
             value = values.get(f.name)
-            help_text += f" (default: {'the rule' if f.name == 'eps' and value is None else value})"
+            if "(default" not in help_text:  # a help that states its own default keeps it
+                help_text += f" (default: {value})"
             names = [_flag_name(section, f.name), *ALIASES.get((section or "", f.name), ())]
             kind = _kind(f.type)
             if kind is None:

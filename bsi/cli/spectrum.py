@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, type=type(default), default=default, help=help_text)
     p.add_argument("--layers", nargs="+", metavar="SPEC",
                    help="layer names or patterns, optionally with @indices (e.g. 'mlp.down_proj@0,-1'); "
-                        "none given: the last block's layer of each kind (kind@-1, the cheapest)")
+                        "(default: the last block's layer of each kind, kind@-1, the cheapest)")
     p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K,
                    help="sigmas per layer (the largest); each is one second backward pass")
     p.add_argument("--batches", type=int, default=DEFAULT_BATCHES, help="mini-batches to average the Hessian over")

@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma-separated target ratios of the compressible layers' parameters")
     p.add_argument("--out", required=True, help="output folder (an existing sweep folder resumes)")
     p.add_argument("--preset", choices=list(PRESETS), help="starting configuration (default: default)")
-    p.add_argument("--config", help="a JSON PipelineConfig file as the starting configuration instead of --preset")
+    p.add_argument("--config", help="a JSON PipelineConfig file as the starting configuration instead of --preset (default: none, "
+                                        "the preset)")
     p.add_argument("--alpha", type=float, default=0.5, help="ASVD exponent")
     p.add_argument("--allocation", default="uniform", choices=("uniform", "sensitivity"),
                    help="rank allocation of the SVD family")
