@@ -3,7 +3,8 @@
 Each rank reads its own batches, so "the same seed and batches" means the same
 number of processes: the sharded run is compared with the unsharded
 (DDP-style) run on two processes, which :mod:`test_distributed` checks is
-identical on both ranks.
+identical on both ranks. The sweep's engine cells run the default recovery
+(factors, after the bases are gathered) under FSDP.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ COMPRESS = textwrap.dedent('''
     from bsi.reports import DoneReport, RoundReport
 
     folder = sys.argv[1]
-    overrides = {"eval_examples": 0, "finetune": {"steps": 2}, "recover": {"steps": 3}}
+    # distilling from a (sharded) teacher, recovering sigma while still sharded: every sharded path
+    overrides = {"eval_examples": 0, "finetune": {"steps": 2}, "compress": {"distill": 0.5},
+                 "recover": {"steps": 3, "train": "sigma", "distill": 0.5}}
 
     def held(model):
         """(elements of all U and V this process holds, elements of all U and V)"""

@@ -30,23 +30,33 @@ How the method's operations work on shards (:class:`Sharding`):
 
 * **conversion** (:meth:`Sharding.convert`): block by block, the layers are
   written in the Basel form and the block is sharded at once, so the whole
-  Basel form never exists on one process (the same bases and the same random
-  auxiliary start as :func:`~bsi.method.surgery.to_basis_form`);
+  Basel form never exists on one process (it is
+  :func:`~bsi.method.surgery.to_basis_form` itself, sharding from its
+  ``after_layer`` hook: the same bases, the same random auxiliary start);
+  a resumed run converts from the checkpoint's bases the same way;
 * **pruning** (:meth:`Sharding.keep`): a layer's ``U`` and ``V`` are
   gathered, their pruned columns dropped (:meth:`BasisLinear.keep`), and
   sharded again, one layer at a time;
 * **checkpoints**: the engine gathers each tensor on every process
   (:meth:`~bsi.method.engine.Compressor.state_dict`) and rank 0 writes;
-* **the end of the Basel form** (:meth:`Sharding.gather`, before the
-  recovery stage exports the layers): every process gets the whole, now
-  compressed, model back as ordinary tensors; recovery, evaluation and export
-  run as without FSDP.
+* **the end of the Basel form** (:meth:`Sharding.gather`, before the layers
+  are exported: before recovery with ``recover.train="factors"``, after it
+  with ``"sigma"``): every process gets the whole, now compressed, model back
+  as ordinary tensors; evaluation and export run as without FSDP.
+
+Only the engine methods shard; the truncation baselines (``svd``,
+``svd-llm``, ...) convert and truncate the whole model on every process.
 
 On one process nothing of this happens: ``fsdp=True`` changes nothing there.
 
 Limits: exact Hessian-vector products (``hessian_method="hvp"``) need a
-double backward through bases that FSDP has freed after the first one, so
-they are refused under FSDP (finite differences and the Fisher sources work).
+double backward through bases that FSDP has freed after the first one (the
+gradient's graph holds ``grad_y @ U``; torch 2.13 fails with "setStorage: ...
+out of bounds for storage of size 0", see ``bench/fsdp_double_backward.py``),
+so they are refused under FSDP (finite differences and the Fisher sources work).
+Every process loads the whole dense model before converting it, and gets
+the whole compressed model back at the end: the dense model must fit one
+device (the memory plan in ``docs/cli.md``).
 Re-sharding a pruned layer uses FSDP2's per-parameter initialisation
 (``FSDPParam._init_sharded_param``), an internal of torch, checked against
 torch 2.13.
@@ -187,11 +197,6 @@ class Sharding:
         self.shells: dict[str, ShardedGroup] = {}  # block name -> its shell, in the model now
         self._owner: dict[int, ShardedGroup] = {}  # id(module) -> shell holding it
 
-    @property
-    def active(self) -> bool:
-        """True while some block is sharded."""
-        return bool(self.shells)
-
     # ----------------------------------------------------------- shard
     def shard_block(self, name: str) -> None:
         """Wrap block ``name`` in a :class:`ShardedGroup` and shard its linear weights (the rest stays replicated)."""
@@ -275,13 +280,3 @@ class Sharding:
             replace_module(self.model, name, shell.inner)
             del self.shells[name]
         self._owner.clear()
-
-
-def sharded_fraction(model: nn.Module) -> float:
-    """Share of the `BasisLinear` bases (``U`` and ``V`` elements) that this process holds (1.0 unsharded)."""
-    held = total = 0
-    for layer in basis_layers(model).values():
-        for t in (layer.U, layer.V):
-            held += local_tensor(t).numel()
-            total += t.numel()
-    return held / total if total else 1.0
