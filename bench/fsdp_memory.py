@@ -12,12 +12,15 @@ process reports:
 * ``basel_mib``: the bytes of parameters and buffers it holds (its shards
   only, for sharded tensors) once the Basel form is complete, at full rank:
   the memory the Basel form costs; the figure the 0.6x target is about;
-* ``peak_held_mib``: the largest such count seen during the stage (before
-  the conversion the whole dense model, which every process loads);
+* ``peak_held_mib``: the largest such count at the stage's start and its
+  reports (the start holds the whole dense model, which every process loads);
 * ``rss_start_mib``, ``peak_rss_mib``, ``rss_growth_mib``: the resident
   memory of the process when the stage starts (the Python, torch and
   transformers runtime, the data, the dense model), its peak during the stage
-  (``VmHWM``, reset at the start) and the difference.
+  (``VmHWM``, reset at the start) and the difference. On CPU these say little
+  about the model: the allocator keeps freed pages, and the working memory
+  that is not sharded (calibration statistics, float64 factorisations,
+  gather buffers) is several times the model here.
 
 The ratio printed is 2-process / 1-process, per process (rank 0).
 """
@@ -75,7 +78,7 @@ def reset_peak_rss() -> float:
     return peak_rss_mib()
 
 
-def worker(model_dir: str, out: str) -> None:
+def worker(model_dir: str, out: str, bases: str) -> None:
     """One process of the measurement: the pruning stage with fsdp on, memory sampled at every report."""
     import torch
 
@@ -86,7 +89,7 @@ def worker(model_dir: str, out: str) -> None:
 
     config = make_config("smoke", {
         "model": model_dir, "fsdp": True, "skip_finetune": True, "eval_examples": 0, "batch_size": 2,
-        "max_length": 48, "compress": {"rounds": 1, "iters_per_epoch": 2, "sampling_ratio": 0.5,
+        "max_length": 48, "compress": {"bases": bases, "rounds": 1, "iters_per_epoch": 2, "sampling_ratio": 0.5,
                                        "calibration_batches": 1, "target_ratio": 0.6},
         "recover": {"steps": 0}})
     pipeline = Pipeline(config)
@@ -94,7 +97,7 @@ def worker(model_dir: str, out: str) -> None:
         pass
     dense = held_bytes(pipeline.model)
     rss_start = reset_peak_rss()
-    basel = peak = 0
+    basel, peak = 0, dense  # the stage starts from the whole dense model, on every process
     for report in pipeline.compress():
         held = held_bytes(pipeline.model)
         peak = max(peak, held)
@@ -108,12 +111,12 @@ def worker(model_dir: str, out: str) -> None:
                    "peak_rss_mib": rss, "rss_growth_mib": rss - rss_start}, f)
 
 
-def launch(processes: int, model_dir: Path, folder: Path) -> list[dict]:
+def launch(processes: int, model_dir: Path, folder: Path, bases: str) -> list[dict]:
     """Run the worker under torchrun with ``processes`` CPU processes; their reports by rank."""
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", BSI_CACHE=str(folder / "cache"))
     outs = [folder / f"w{processes}-rank{r}.json" for r in range(processes)]
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
-                    __file__, "--worker", str(model_dir), str(folder / f"w{processes}-rank{{rank}}.json")],
+                    __file__, "--bases", bases, "--worker", str(model_dir), str(folder / f"w{processes}-rank{{rank}}.json")],
                    env=env, check=True)
     return [json.loads(p.read_text()) for p in outs]
 
@@ -123,19 +126,21 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--intermediate", type=int, default=2816)
+    parser.add_argument("--bases", default="whitened", choices=("whitened", "svd"),
+                        help="bases of the Basel form (whitened: the default, with its calibration statistics)")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         model_dir, pattern = args.worker
-        worker(model_dir, pattern.format(rank=os.environ.get("RANK", "0")))
+        worker(model_dir, pattern.format(rank=os.environ.get("RANK", "0")), args.bases)
         return
     with tempfile.TemporaryDirectory(prefix="bsi-fsdp-memory-") as tmp:
         folder = Path(tmp)
         build_model(folder / "model", args.layers, args.hidden, args.intermediate)
-        one, two = launch(1, folder / "model", folder), launch(2, folder / "model", folder)
+        one, two = (launch(n, folder / "model", folder, args.bases) for n in (1, 2))
     keys = ("dense_mib", "basel_mib", "peak_held_mib", "rss_start_mib", "peak_rss_mib", "rss_growth_mib")
-    print(f"model: Llama {args.layers} blocks, hidden {args.hidden}, MLP {args.intermediate}, fp32; "
+    print(f"model: Llama {args.layers} blocks, hidden {args.hidden}, MLP {args.intermediate}, fp32, {args.bases} bases; "
           f"{machine()}")
     print("| per process | 1 process | 2 processes (rank 0) | 2 processes (rank 1) | ratio (rank 0) |")
     print("|---|---|---|---|---|")
