@@ -9,6 +9,7 @@ Each figure is the median over the repeats.
 from __future__ import annotations
 
 import copy
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -108,3 +109,20 @@ def machine() -> dict[str, object]:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process so far, in MiB.
+
+    Linux's ``VmHWM`` belongs to the current address space, so it starts afresh
+    at ``exec``; ``ru_maxrss`` does not (it keeps the forking parent's peak),
+    which would credit a worker with the memory of the benchmark that spawned it.
+    """
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

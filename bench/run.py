@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from common import Timings, interleave, load_embedded, machine, real_batches, tokens_in  # noqa: E402
+from common import Timings, interleave, load_embedded, machine, peak_rss_mib, real_batches, tokens_in  # noqa: E402
 
 from bsi.config import CompressConfig, make_config  # noqa: E402
 from bsi.method.engine import Compressor  # noqa: E402
@@ -242,23 +241,6 @@ def bench_inference(dense, tokenizer, repeats: int, new_tokens: int, batch_size:
         "speedup_vs_original": {n: v / tps["original"] for n, v in tps.items()},
         "sizes": sizes, "timings": t.to_dict(),
     }
-
-
-def peak_rss_mib() -> float:
-    """Peak resident memory of this process so far, in MiB.
-
-    Linux's ``VmHWM`` belongs to the current address space, so it starts afresh
-    at ``exec``; ``ru_maxrss`` does not (it keeps the forking parent's peak),
-    which would credit a worker with the memory of the benchmark that spawned it.
-    """
-    try:
-        with open("/proc/self/status", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def memory_worker(kind: str, batch_size: int, max_length: int, steps: int) -> None:

@@ -325,6 +325,8 @@ class PipelineConfig(_JsonConfig):
     device: str = option("auto", "auto | cpu | cuda[:N]")
     trust_remote_code: bool = option(False, "allow custom model code from the hub")
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less memory)")
+    fsdp: bool = option(False, "under a launcher with several processes, shard the Basel form's bases across "
+                               "them with FSDP (each holds about 1/N) while pruning; one process: no effect")
     seed: int = option(0, "seed of data order, splits and probes")
     preset: str | None = option(None, "the preset this configuration started from", cli=False)
 

@@ -1,8 +1,12 @@
-"""Shared fixtures: tiny models built from configs, and an isolated bsi cache."""
+"""Shared fixtures: tiny models built from configs, an isolated bsi cache, a two-process launcher."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,3 +92,21 @@ def token_batches(vocab: int = 97, batch: int = 4, length: int = 16, seed: int =
     generator = torch.Generator().manual_seed(seed)
     while True:
         yield {"input_ids": torch.randint(0, vocab, (batch, length), generator=generator)}
+
+
+def run_two_processes(script: str, args: list[str], cache: Path, folder: Path, timeout: int = 300) -> None:
+    """Run python ``script`` (source text) as 2 CPU processes under torchrun (gloo), on this checkout's bsi.
+
+    The script is written into ``folder``; ``args`` follow it on the command
+    line. Fails the test with the processes' last output when one exits non-zero.
+    """
+    worker = folder / "worker.py"
+    worker.write_text(script)
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's bsi, not an installed one
+    env = dict(os.environ, BSI_CACHE=str(cache), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker), *args],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from conftest import run_two_processes
 
 WORKER = textwrap.dedent('''
     import json, os, sys
@@ -37,20 +34,10 @@ WORKER = textwrap.dedent('''
 
 
 def test_two_cpu_processes_prune_identically_and_only_rank0_writes(tmp_path, isolated_cache):
-    worker = tmp_path / "worker.py"
-    worker.write_text(WORKER)
     results = tmp_path / "results"
     results.mkdir()
     out = tmp_path / "out"
-    root = str(Path(__file__).resolve().parents[1])  # this checkout's bsi, not an installed one
-    env = dict(os.environ, BSI_CACHE=str(isolated_cache), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(worker), str(out), str(results)],
-        env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_two_processes(WORKER, [str(out), str(results)], isolated_cache, tmp_path)
     ranks = [json.loads((results / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["world"] == 2 for r in ranks)
     # Summed statistics are identical on both ranks, so both prune the very same bases ...

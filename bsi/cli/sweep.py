@@ -51,9 +51,12 @@ def run(args: argparse.Namespace) -> int:
     sweep = Sweep(config_from_args(args), parse_methods(args.methods), parse_targets(args.targets), args.out,
                   BaselineConfig(alpha=args.alpha, allocation=args.allocation),
                   speed_tokens=args.speed_tokens, speed_repeats=args.speed_repeats)
-    printer = ProgressPrinter(enabled=not args.quiet)
+    speaks = sweep.dist.is_main  # under several processes, the first one prints
+    printer = ProgressPrinter(enabled=not args.quiet and speaks)
     for report in sweep.run():
         if isinstance(report, CellReport):
+            if not speaks:
+                continue
             printer.close()
             r = report.row
             state = "already done" if report.skipped else f"{r['seconds']:.0f} s"
@@ -63,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             printer.show(report)
     printer.close()
+    if not speaks:
+        return 0
     print((sweep.out_dir / "results.md").read_text(encoding="utf-8"))
     print(f"wrote {sweep.out_dir / 'results.jsonl'}, results.md and figure.html")
     return 0

@@ -85,6 +85,12 @@ def slice_optimizer_state(optimizer: torch.optim.Optimizer, param: nn.Parameter,
             state[key] = value[keep.to(value.device)].contiguous()
 
 
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, or all of it when it is sharded across processes (a DTensor under FSDP; every process must call)."""
+    gather = getattr(tensor, "full_tensor", None)
+    return gather() if gather is not None else tensor
+
+
 @dataclass
 class _LayerStats:
     """Running sums over a round's profiling batches for one layer."""
@@ -115,6 +121,11 @@ class Compressor:
             rank converts and prunes alike.
         probe_seed: seed of the probe generator (default ``config.seed``); give
             each process its own so that its probes are independent extra probes.
+        convert_layers: writes the model's layers in the Basel form, with the
+            signature of :func:`~bsi.method.surgery.to_basis_form` (the default);
+            under FSDP the pipeline passes one that shards each block as it goes.
+        prune_layer: ``prune_layer(layer, positions)`` keeps only those bases
+            (default :meth:`BasisLinear.keep`); under FSDP, one that re-shards them.
     """
 
     def __init__(
@@ -128,6 +139,8 @@ class Compressor:
         compute_dtype: torch.dtype | None = None,
         reduce: Reducer | None = None,
         probe_seed: int | None = None,
+        convert_layers: Callable[..., dict[str, BasisLinear]] = to_basis_form,
+        prune_layer: Callable[[BasisLinear, torch.Tensor], None] = BasisLinear.keep,
     ) -> None:
         self.model = model
         self.batches = batches
@@ -138,6 +151,7 @@ class Compressor:
         self.reduce = reduce or (lambda t: t)
         self.compute_dtype = compute_dtype
         self.generator = torch.Generator().manual_seed(config.seed if probe_seed is None else probe_seed)
+        self.convert_layers, self.prune_layer = convert_layers, prune_layer
         self.notes: list[str] = []  # decisions the run's report should state (e.g. a switched curvature mode)
         self.iteration = 0  # pruning iterations done so far
         self.skipped = 0
@@ -184,7 +198,7 @@ class Compressor:
             covariance = stats.covariance()
             damping = cfg.whitening_damping
             bases = lambda name, linear: whitened_bases(linear.weight, covariance[name], damping)  # noqa: E731
-        self._adopt(to_basis_form(self.model, aux_rank=cfg.aux_rank, seed=cfg.seed, bases=bases))
+        self._adopt(self.convert_layers(self.model, aux_rank=cfg.aux_rank, seed=cfg.seed, bases=bases))
 
     def _adopt(self, layers: dict[str, BasisLinear]) -> None:
         """Take over converted layers: trainable flags, sizes, eps, optimizer, curvature source."""
@@ -378,7 +392,7 @@ class Compressor:
             before, ids = layer.rank, layer.basis_ids.clone()
             keep = kept_positions(before, pruned[n]).to(self.device)
             if keep.numel() < before:
-                layer.keep(keep)
+                self.prune_layer(layer, keep)
                 slice_optimizer_state(self.optimizer, layer.sigma, keep)
             cpu = lambda t: None if t is None else t.detach().float().cpu()  # noqa: E731
             reports.append(LayerRound(
@@ -419,12 +433,10 @@ class Compressor:
         """
         if not self.at_round_boundary:
             raise RuntimeError("Compressor state can only be saved between rounds")
-        tensors: dict[str, torch.Tensor] = {"generator": self.generator.get_state()}
+        tensors = self.process_state()
         for n, layer in self.layers.items():
             for key in ("U", "V", "sigma", "aux_u", "aux_v", "basis_ids"):
-                tensors[f"layer.{n}.{key}"] = getattr(layer, key).detach()
-        for key, value in (self._monitor or {}).items():
-            tensors[f"monitor.{key}"] = value
+                tensors[f"layer.{n}.{key}"] = whole(getattr(layer, key).detach()).cpu()
         optimizer = self.optimizer.state_dict()
         for index, state in optimizer["state"].items():
             for key, value in state.items():
@@ -436,21 +448,32 @@ class Compressor:
         }
         return {k: v.contiguous().cpu() for k, v in tensors.items()}, plain
 
+    def process_state(self) -> dict[str, torch.Tensor]:
+        """The part of :meth:`state_dict` that is this process's own: the probe generator and the monitor batch.
+
+        Under several processes each has its own (its probe seed, its
+        batches); everything else is identical on all of them.
+        """
+        tensors = {"generator": self.generator.get_state()}
+        return tensors | {f"monitor.{key}": value for key, value in (self._monitor or {}).items()}
+
     def load_state_dict(self, tensors: dict[str, torch.Tensor], plain: dict) -> None:
         """Continue from :meth:`state_dict`: the layers are rebuilt at the saved ranks (no SVD, no calibration)."""
         def saved(name: str, key: str) -> torch.Tensor:
             return tensors[f"layer.{name}.{key}"]
 
-        if not self.converted:
+        if not self.converted:  # written in the saved bases (and sharded as it goes, under FSDP)
             def bases(name, linear):
                 return saved(name, "U").to(linear.weight), saved(name, "sigma"), saved(name, "V").to(linear.weight)
 
             names = sorted({k.split(".", 1)[1].rsplit(".", 1)[0] for k in tensors if k.startswith("layer.")},
                            key=compressible_linear_names(self.model).index)
-            self._adopt(to_basis_form(self.model, aux_rank=self.config.aux_rank, seed=self.config.seed,
-                                      names=names, bases=bases))
+            self._adopt(self.convert_layers(self.model, aux_rank=self.config.aux_rank, seed=self.config.seed,
+                                            names=names, bases=bases))
+        else:
+            for n, layer in self.layers.items():
+                layer.U.data, layer.V.data = saved(n, "U").to(layer.U), saved(n, "V").to(layer.V)
         for n, layer in self.layers.items():
-            layer.U.data, layer.V.data = saved(n, "U").to(layer.U), saved(n, "V").to(layer.V)
             layer.basis_ids = saved(n, "basis_ids").to(self.device)
             for key in ("sigma", "aux_u", "aux_v"):
                 getattr(layer, key).data = saved(n, key).to(device=self.device, dtype=getattr(layer, key).dtype)

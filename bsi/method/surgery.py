@@ -79,6 +79,7 @@ def to_basis_form(
     seed: int = 0,
     names: Sequence[str] | None = None,
     bases: Mapping[str, Bases] | Callable[[str, nn.Linear], Bases] | None = None,
+    after_layer: Callable[[str], None] | None = None,
 ) -> dict[str, BasisLinear]:
     """Replace compressible linear layers by exact `BasisLinear` layers, in place.
 
@@ -88,10 +89,12 @@ def to_basis_form(
         names: the layers to convert (default: every compressible one).
         bases: per layer, the ``(U, sigma, V)`` to write it in, as a mapping or
             a function ``(name, linear) -> bases``; default: the plain SVD.
+        after_layer: called with each layer's name as soon as it is converted
+            (FSDP shards a block there, :class:`bsi.pipeline.fsdp.Sharding`).
 
     Freezes every other parameter of the model (only sigma and the auxiliary
-    vectors train afterwards). Returns the model's `BasisLinear` layers by
-    name; a model already converted is returned as it is.
+    vectors train afterwards). Returns the converted `BasisLinear` layers by
+    name; for a model already converted (and no ``names``), all of its own.
 
     Raises:
         BSIError: when the model has no compressible linear layer, or a name is not one.
@@ -109,13 +112,16 @@ def to_basis_form(
         if not isinstance(modules.get(name), nn.Linear):
             raise BSIError(f"'{name}' is not a linear layer of this model")
     generator = torch.Generator().manual_seed(seed)
+    layers: dict[str, BasisLinear] = {}
     for name in targets:
-        linear = modules[name]
+        linear = modules.pop(name)  # held no longer than needed: its dense weight goes once it is replaced
         given = bases(name, linear) if callable(bases) else (bases or {}).get(name)
-        replace_module(model, name, BasisLinear.from_linear(linear, aux_rank=aux_rank, generator=generator,
-                                                            bases=given))
-    layers = basis_layers(model)
-    freeze_all_but_coefficients(model, layers.values())
+        layers[name] = BasisLinear.from_linear(linear, aux_rank=aux_rank, generator=generator, bases=given)
+        replace_module(model, name, layers[name])
+        del linear, given
+        if after_layer is not None:
+            after_layer(name)
+    freeze_all_but_coefficients(model, basis_layers(model).values())
     return layers
 
 

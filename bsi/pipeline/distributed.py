@@ -18,7 +18,15 @@ address); :func:`from_environment` reads them and joins the process group
   (:meth:`DistContext.reduce`) before the means are taken: each rank's
   independent probes count as extra probes;
 * since every rank then holds the same statistics, every rank prunes the
-  same bases, and only rank 0 writes files.
+  same bases, and only rank 0 writes files;
+* with ``fsdp=True`` the Basel form's bases are moreover sharded across the
+  ranks while pruning (:mod:`bsi.pipeline.fsdp`).
+
+Every entry point builds its engine through
+:meth:`~bsi.pipeline.runner.Pipeline.run_engine`, so ``bsi compress``, each
+cell of ``bsi sweep`` and the dashboard get the same reduce, gradient sync and
+per-rank probe seeds; the truncation baselines sum their calibration
+statistics the same way.
 
 One process (no launcher) gives a context whose ``reduce`` is the identity
 and whose gradient sync does nothing.
@@ -86,6 +94,33 @@ class DistContext:
         if self.enabled and requested.type == "cuda" and requested.index is None:
             return torch.device("cuda", self.local_rank)
         return requested
+
+    def mean(self, value: float) -> float:
+        """The mean of ``value`` over the processes (each passes its own; ``value`` itself on one process)."""
+        if not self.enabled:
+            return value
+        device = torch.device("cuda", self.local_rank) if torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+        return float(self.reduce(torch.tensor([value], dtype=torch.float64, device=device))) / self.world_size
+
+    def all_true(self, flag: bool) -> bool:
+        """True when ``flag`` is true on every process (each passes its own); e.g. "every process sees the cache"."""
+        return self.mean(float(flag)) == 1.0
+
+    def from_main(self, value: object) -> object:
+        """Rank 0's ``value`` on every process (any picklable object; e.g. a result row rank 0 measured)."""
+        if not self.enabled:
+            return value
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, value: object) -> list | None:
+        """Every process's ``value`` (any picklable object), as a list by rank on rank 0; None on the others."""
+        if not self.enabled:
+            return [value]
+        values = [None] * self.world_size if self.is_main else None
+        torch.distributed.gather_object(value, values, dst=0)
+        return values
 
     def barrier(self) -> None:
         if self.enabled:

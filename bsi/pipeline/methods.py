@@ -181,13 +181,19 @@ class TruncationMethod:
 
 
 def calibration_loss(pipeline: "Pipeline") -> Callable[[], float]:
-    """A closure: mean answer-token loss on a few fixed training batches (no gradient)."""
+    """A closure: mean answer-token loss on a few fixed training batches (no gradient).
+
+    Under several processes each measures on its own batches and the mean of
+    all of them is returned everywhere, so that every process allocates the
+    same ranks (a collective: all call it together).
+    """
     stream = pipeline.stream(5)
     batches = [next(stream) for _ in range(pipeline.baseline.sensitivity_batches)]
 
     def loss() -> float:
         with torch.inference_mode():
-            return sum(float(answer_token_loss(pipeline.model, b)) for b in batches) / len(batches)
+            mine = sum(float(answer_token_loss(pipeline.model, b)) for b in batches) / len(batches)
+        return pipeline.dist.mean(mine)
 
     return loss
 

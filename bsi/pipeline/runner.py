@@ -154,6 +154,7 @@ class Pipeline:
         self.params_before = self.compressible_before = 0
         self._resume: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
         self._skipped = 0
+        self.sharding: Any = None  # a bsi.pipeline.fsdp.Sharding while the Basel form is sharded (fsdp=True)
 
     @classmethod
     def resume(cls, out_dir: str | Path, cache_dir: str | Path | None = None) -> "Pipeline":
@@ -206,7 +207,7 @@ class Pipeline:
             yield StageReport("finetune", "end", "skipped")
             return
         folder = cache_root(self.cache_dir) / "finetuned" / finetune_cache_key(cfg, self.dtype)
-        if (folder / "config.json").is_file():
+        if self.dist.all_true((folder / "config.json").is_file()):  # all processes load it, or none
             self.model, _ = load_model_and_tokenizer(str(folder), dtype=self.dtype, device=self.device)
             yield StageReport("finetune", "end", str(folder), cached=True)
             return
@@ -220,17 +221,16 @@ class Pipeline:
             warmup_steps=cfg.finetune.warmup_steps))
         for hook in hooks:
             hook.remove()
-        if not self.dist.is_main:  # rank 0 writes the cache; the others hold the same weights
-            yield StageReport("finetune", "end", str(folder))
-            return
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=folder.parent))
-        try:
-            self.model.save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
-            tmp.replace(folder)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)  # another run won the race; keep its copy
+        if self.dist.is_main:  # rank 0 writes the cache; the others hold the same weights
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=folder.parent))
+            try:
+                self.model.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
+                tmp.replace(folder)
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)  # another run won the race; keep its copy
+        self.dist.barrier()  # the next pipeline (a sweep's next cell) finds it on every process
         yield StageReport("finetune", "end", str(folder))
 
     def reference_stage(self) -> Iterator[Report]:
@@ -284,16 +284,22 @@ class Pipeline:
         """
         cfg = self.config.compress if score is None else dataclasses.replace(self.config.compress, score=score)
         stream = self.stream(2)
+        sharded = self._start_sharding(cfg)
+        on_shards = {"convert_layers": self.sharding.convert, "prune_layer": self.sharding.keep} if sharded else {}
         compressor = Compressor(self.model, stream, cfg, answer_token_loss,
                                 train_loss_fn=self.train_loss(cfg.distill), compute_dtype=self.dtype,
-                                reduce=self.dist.reduce, probe_seed=cfg.seed + 7919 * self.dist.rank)
+                                reduce=self.dist.reduce, probe_seed=cfg.seed + 7919 * self.dist.rank, **on_shards)
         if self._resume is not None:
-            tensors, plain = self._resume
-            compressor.load_state_dict(tensors, plain["compressor"])
-            stream.load_state_dict(plain["stream"])
+            tensors, position = self._own_state(*self._resume)
+            compressor.load_state_dict(tensors, self._resume[1]["compressor"])
+            stream.load_state_dict(position)
             yield StageReport("compress", "resume", f"after round {len(self.round_log)}")
         else:
             yield from self._limit_skips(compressor.convert())
+        if sharded:
+            from bsi.pipeline.fsdp import refuse_double_backward
+
+            refuse_double_backward(getattr(compressor.source, "method", None))  # the engine may have switched to hvp
         for note in compressor.notes:
             yield StageReport("compress", "note", note)
         hooks = self.dist.sync_gradients(p for layer in compressor.layers.values()
@@ -311,16 +317,68 @@ class Pipeline:
         self.notes.extend(compressor.notes)
 
     def checkpoint(self, compressor: Compressor, stream: BatchStream) -> None:
-        """Save the state after a complete round into ``out_dir/checkpoint`` (atomic; rank 0 only)."""
-        if self.out_dir is None or not self.dist.is_main:
+        """Save the state after a complete round into ``out_dir/checkpoint`` (atomic; rank 0 writes).
+
+        Under several processes each also sends rank 0 what is its own, its
+        stream position, probe generator and monitor batch
+        (:meth:`Compressor.process_state`), so that a resumed run continues
+        every process where it stood; with sharded bases every process takes
+        part in gathering them.
+        """
+        if self.out_dir is None:
             return
-        tensors, compressor_plain = compressor.state_dict()
-        save_checkpoint(self.out_dir / CHECKPOINT, tensors, {
+        tensors, compressor_plain = compressor.state_dict() if self.dist.is_main or self.sharding is not None else ({}, {})
+        own = None
+        if self.dist.enabled:
+            own = self.dist.gather(({k: v.cpu() for k, v in compressor.process_state().items()}, stream.state_dict()))
+        if not self.dist.is_main:
+            return
+        plain = {
             "pipeline_config": self.config.to_dict(), "compressor": compressor_plain,
             "stream": stream.state_dict(), "rounds": self.round_log,
             "params_before": self.params_before, "compressible_before": self.compressible_before,
             "metrics": {k: m.to_dict() for k, m in self.metrics.items()}, "method": self.method_name,
-        })
+        }
+        if own is not None:
+            plain["streams"] = [position for _, position in own]
+            for rank, (state, _) in enumerate(own):
+                tensors |= {f"rank{rank}.{key}": value for key, value in state.items()}
+        save_checkpoint(self.out_dir / CHECKPOINT, tensors, plain)
+
+    def _own_state(self, tensors: dict[str, torch.Tensor], plain: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict]:
+        """This process's view of a checkpoint: its own generator, monitor batch and stream position where saved.
+
+        A process the checkpoint has nothing of its own for (one process, or
+        more processes than when it was saved) continues from rank 0's.
+        """
+        prefix = f"rank{self.dist.rank}."
+        own = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+        if not own:
+            return tensors, plain["stream"]
+        shared = {k: v for k, v in tensors.items() if k != "generator" and not k.startswith("monitor.")}
+        return shared | own, plain["streams"][self.dist.rank]
+
+    def _start_sharding(self, cfg: Any) -> bool:
+        """With ``fsdp`` on several processes: shard from now on (the teacher at once, the Basel form as it is made).
+
+        See :mod:`bsi.pipeline.fsdp`; returns False (nothing sharded) on one process.
+        """
+        if not (self.config.fsdp and self.dist.enabled):
+            return False
+        from bsi.pipeline.fsdp import Sharding, refuse_double_backward
+
+        if cfg.curvature == "hutchinson":
+            refuse_double_backward(cfg.hessian_method)
+        if self.teacher is not None:
+            Sharding(self.teacher).shard()  # frozen and dense: sharded for good, dropped after the run
+        self.sharding = Sharding(self.model)
+        return True
+
+    def unshard(self) -> None:
+        """Every process gets the whole model back, as ordinary tensors (after sharded pruning; else nothing)."""
+        if self.sharding is not None:
+            self.sharding.gather()
+            self.sharding = None
 
     def _limit_skips(self, reports: Iterator[Report]) -> Iterator[Report]:
         """Count skipped (non-finite) steps of stages 1 and 3; stop with a clear error past the limit."""
@@ -347,6 +405,8 @@ class Pipeline:
         fine-tuned dense model (``recover.distill``).
         """
         cfg = self.config.recover
+        if cfg.steps == 0 or cfg.train == "factors":
+            self.unshard()
         if cfg.steps == 0:
             self.table = to_exported_form(self.model)
             yield StageReport("recover", "end", "skipped")
@@ -372,6 +432,7 @@ class Pipeline:
             for hook in hooks:
                 hook.remove()
         if cfg.train == "sigma":
+            self.unshard()
             self.table = to_exported_form(self.model)
         yield StageReport("recover", "end")
 

@@ -19,6 +19,13 @@ sweep continues where it stopped. Every row records a fingerprint of the
 settings; a folder holding a sweep with other settings is refused rather than
 mixed. Seeds are fixed (``--seed``, recorded), so on CPU the same sweep gives
 the same accuracies and losses (times and speeds vary, of course).
+
+Several processes (``torchrun ... -m bsi sweep``, see
+:mod:`bsi.pipeline.distributed`): every cell is an ordinary
+:class:`~bsi.pipeline.runner.Pipeline`, so all processes compress it together
+(summed statistics, averaged gradients, their own probes; ``--fsdp`` shards the
+bases) and end with the same model. Rank 0 measures the speeds and writes the
+files; its rows are every process's rows.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from bsi.pipeline.evaluate import Metrics
 from bsi.files import atomic_write_text, check_output_dir
 from bsi.pipeline.methods import METHODS, BaselineConfig, get_method
 from bsi.models import load_model_and_tokenizer
+from bsi.pipeline.distributed import from_environment
 from bsi.pipeline.runner import Pipeline, Report
 from bsi.method.surgery import compressible_parameters
 from bsi.reports import DoneReport, StageReport
@@ -114,6 +122,7 @@ class Sweep:
         self.baseline = baseline or BaselineConfig()
         self.speed_tokens, self.speed_repeats = speed_tokens, speed_repeats
         self.cache_dir = cache_dir
+        self.dist = from_environment()  # several processes: see bsi.pipeline.distributed
         self.rows: list[dict] = self._read_rows()
         self._check_fingerprint()
 
@@ -156,7 +165,9 @@ class Sweep:
                 )
 
     def write(self) -> None:
-        """Rewrite results.jsonl, results.md and figure.html from the rows (each atomically)."""
+        """Rewrite results.jsonl, results.md and figure.html from the rows (each atomically; rank 0 only)."""
+        if not self.dist.is_main:
+            return
         atomic_write_text(self.results_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows))
         atomic_write_text(self.out_dir / "results.md", results_table(self.rows, self.methods))
         atomic_write_text(self.out_dir / "figure.html", results_figure(self.rows).to_html(include_plotlyjs=True,
@@ -204,7 +215,7 @@ class Sweep:
         finetuned = Metrics(reference["accuracy"], reference["loss"], reference["examples"]) \
             if reference.get("accuracy") is not None else None
         speed_model = None
-        if self.speed_repeats:
+        if self.speed_repeats and self.dist.is_main:  # one process times decoding; the others would disturb it
             speed_model, speed_tokenizer = self._plain_model()
         cells = self.cells()
         for index, (method, target) in enumerate(cells, start=1):
@@ -226,10 +237,11 @@ class Sweep:
                 speeds = measure_speeds({REFERENCE: speed_model, "model": pipeline.model}, speed_tokenizer,
                                         new_tokens=self.speed_tokens, repeats=self.speed_repeats)
                 yield StageReport("speed", "end")
-            row = self._row(method, target, summary, speeds)
+            row = self.dist.from_main(self._row(method, target, summary, speeds))  # rank 0's timings everywhere
             self.rows.append(row)
             self.write()
             yield CellReport(index, len(cells), row)
+        self.dist.barrier()  # the files are complete when any process returns
 
     def _reference(self) -> Iterator[Report]:
         """Fine-tune (cached) and evaluate the dense model once: the grid's reference row."""
@@ -245,6 +257,7 @@ class Sweep:
             "seconds": 0.0, "settings": {"config": self.config.to_dict(), "baseline": self.baseline.to_dict(),
                                          "speed_tokens": self.speed_tokens, "speed_repeats": self.speed_repeats},
         }
+        row = self.dist.from_main(row)
         self.rows.insert(0, row)
         self.write()
         return row
