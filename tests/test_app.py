@@ -110,12 +110,12 @@ def test_form_is_built_from_the_config_fields():
 def test_form_values_reach_the_config():
     form = Form.for_preset("smoke")
     form.size_mode, form.size_value, form.eps, form.curvature = "keep", 0.4, 0.01, "hutchinson"
-    form.bases, form.probe_scope, form.recover_train, form.recover_distill = "svd", "model", "sigma", 0.5
+    form.bases, form.probe_scope, form.recover_train, form.recover_distill = "svd", "layer", "sigma", 0.5
     config = build_config(form)
     assert config.compress.keep_ratio == 0.4 and config.compress.size_mode == "keep"  # the ratio implies the mode
     assert config.compress.target_ratio == make_config("smoke").compress.target_ratio
     assert (config.compress.eps, config.compress.curvature, config.compress.bases, config.compress.probe_scope) == \
-        (0.01, "hutchinson", "svd", "model")
+        (0.01, "hutchinson", "svd", "layer")
     assert (config.recover.train, config.recover.distill) == ("sigma", 0.5)
     form.eps = 0
     assert build_config(form).compress.eps is None  # 0: the rule

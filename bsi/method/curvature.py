@@ -190,7 +190,7 @@ class Hutchinson:
     """The method's estimator: symmetric perturbations (``fd``) or exact products (``hvp``) with Rademacher probes."""
 
     eps: float
-    scope: str = "layer"
+    scope: str = "model"
     method: str = "fd"
     probes: int = 1
     center: str = "exact"
@@ -291,7 +291,7 @@ class NothingToMeasure:
         return ProfileResult(float("nan"), None, None)
 
 
-def curvature_source(name: str, *, eps: float, scope: str = "layer", method: str = "fd", probes: int = 1,
+def curvature_source(name: str, *, eps: float, scope: str = "model", method: str = "fd", probes: int = 1,
                      center: str = "exact"):
     """The curvature source called ``name`` (``fisher``, ``mc-fisher`` or ``hutchinson``)."""
     if name == "hutchinson":
