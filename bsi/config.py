@@ -380,6 +380,16 @@ def field_help(cls: type, name: str) -> str:
 
 
 # ---------------------------------------------------------------- presets
+#: What every CPU preset of the embedded model shares, the fine-tune included (so its cache is shared).
+_EMBEDDED_CPU: dict[str, Any] = {
+    "test_size": 100,
+    "eval_examples": 100,
+    "batch_size": 8,
+    "max_length": 160,
+    "max_new_tokens": 48,
+    "finetune": {"steps": 50, "lr": 2e-4, "warmup_steps": 5},
+}
+
 #: Named starting points; flags and overrides go on top. Values are nested
 #: dicts of PipelineConfig fields.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -398,35 +408,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # The CPU demo on the embedded model (2 cores).
     "default": {
-        "test_size": 100,
-        "eval_examples": 100,
-        "batch_size": 8,
-        "max_length": 160,
-        "max_new_tokens": 48,
-        "finetune": {"steps": 50, "lr": 2e-4, "warmup_steps": 5},
+        **_EMBEDDED_CPU,
         "compress": {"rounds": 4, "iters_per_epoch": 32, "sampling_ratio": 0.25, "target_ratio": 0.7},
         "recover": {"steps": 16, "lr": 2e-5, "warmup_steps": 2},
     },
     # A longer CPU run on the embedded model for a smaller model that still works (about 1.6x whole model).
     "quality": {
-        "test_size": 100,
-        "eval_examples": 100,
-        "batch_size": 8,
-        "max_length": 160,
-        "max_new_tokens": 48,
-        "finetune": {"steps": 50, "lr": 2e-4, "warmup_steps": 5},
+        **_EMBEDDED_CPU,
         "compress": {"rounds": 4, "iters_per_epoch": 64, "sampling_ratio": 0.25, "target_ratio": 0.52},
         "recover": {"steps": 48, "lr": 2e-5, "warmup_steps": 4},
     },
-    # A comparison sweep of the embedded model on a 2-core CPU. Stage 1 is the default preset's, so its
-    # cached fine-tune is shared.
+    # A comparison sweep of the embedded model on a 2-core CPU (the default preset's cached fine-tune).
     "sweep-cpu": {
-        "test_size": 100,
+        **_EMBEDDED_CPU,
         "eval_examples": 50,
-        "batch_size": 8,
-        "max_length": 160,
-        "max_new_tokens": 48,
-        "finetune": {"steps": 50, "lr": 2e-4, "warmup_steps": 5},
         "compress": {"rounds": 2, "iters_per_epoch": 12, "sampling_ratio": 0.25},
         "recover": {"steps": 8, "lr": 2e-5, "warmup_steps": 1},
     },

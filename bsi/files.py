@@ -37,6 +37,20 @@ def _umask() -> int:
     return current
 
 
+def json_object(line: str, number: int, path: str | Path) -> dict[str, Any]:
+    """Line ``number`` of the JSONL file ``path`` as a dict, or a BSIError naming the line and what is wrong.
+
+    The one JSONL line reader: task files, sweep results and prompt files all go through it.
+    """
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise BSIError(f"{path}, line {number}: malformed JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(record, dict):
+        raise BSIError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}")
+    return record
+
+
 def set_default_mode(path: str | Path) -> None:
     """Give ``path`` and everything under it the modes a plain ``open()``/``mkdir()`` would.
 

@@ -14,12 +14,12 @@ or plain text with one prompt per line.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bsi.errors import BSIError
+from bsi.files import json_object
 from bsi.pipeline.evaluate import generate_answers
 from bsi.models import load_model_and_tokenizer
 from bsi.method.surgery import model_parameters
@@ -34,11 +34,8 @@ def read_prompts(path: str | Path) -> list[str]:
     if path.suffix == ".jsonl":
         prompts = []
         for number, line in enumerate(lines, start=1):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise BSIError(f"{path} line {number} is not JSON") from None
-            text = row.get("question", row.get("prompt")) if isinstance(row, dict) else None
+            row = json_object(line, number, path)
+            text = row.get("question", row.get("prompt"))
             if not isinstance(text, str) or not text.strip():
                 raise BSIError(f"{path} line {number} has no 'question' or 'prompt' text")
             prompts.append(text.strip())

@@ -11,12 +11,12 @@ significant figures.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from bsi.errors import BSIError
+from bsi.files import json_object
 
 from bsi.app.format import significant
 
@@ -43,12 +43,7 @@ def load_results(spec: str) -> list[dict]:
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise BSIError(f"{path}, line {number}: malformed JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise BSIError(f"{path}, line {number}: expected a JSON object")
+        row = json_object(line, number, path)
         missing = [k for k in REQUIRED if k not in row]
         if missing:
             raise BSIError(f"{path}, line {number}: missing field(s) {', '.join(missing)}")

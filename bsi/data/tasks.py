@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 from bsi.data.examples import Example, TaskData
 from bsi.data.problems import EMBEDDED_TASK, embedded_task
 from bsi.errors import BSIError
+from bsi.files import json_object
 
 MAX_LINE_BYTES = 1_000_000
 """Longest JSONL line :func:`load_task` accepts (1 MB); longer lines are refused unparsed."""
@@ -98,12 +98,7 @@ def _bounded_lines(handle, path: Path) -> Iterator[bytes]:
 
 def _parse_line(line: str, number: int, path: Path, question_field: str, answer_field: str) -> Example:
     """One JSONL line to an Example, or a BSIError that says what is wrong with it."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise BSIError(f"{path}, line {number}: malformed JSON ({err.msg} at column {err.colno})") from err
-    if not isinstance(record, dict):
-        raise BSIError(f"{path}, line {number}: expected a JSON object, got {type(record).__name__}")
+    record = json_object(line, number, path)
     values = []
     for field in (question_field, answer_field):
         if field not in record:

@@ -41,7 +41,7 @@ from typing import Any
 from bsi.config import CompressConfig, PipelineConfig, deep_update
 from bsi.errors import BSIError
 from bsi.pipeline.evaluate import Metrics
-from bsi.files import atomic_write_text, check_output_dir
+from bsi.files import atomic_write_text, check_output_dir, json_object
 from bsi.pipeline.methods import METHODS, BaselineConfig, get_method
 from bsi.models import load_model_and_tokenizer
 from bsi.pipeline.distributed import from_environment
@@ -148,11 +148,7 @@ class Sweep:
         for number, line in enumerate(self.results_path.read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                raise BSIError(f"{self.results_path} line {number} is not JSON; fix or delete the file to start over") from None
-            rows.append(row)
+            rows.append(json_object(line, number, self.results_path))  # a bad line: fix or delete the file
         return rows
 
     def _check_fingerprint(self) -> None:
