@@ -22,7 +22,8 @@ def test_embedded_model_compresses_saves_and_reloads(tmp_path, capsys):
     assert abs(summary["compressible_ratio"] - 0.7) <= 0.01
     assert summary["params_before"] == 134_515_008  # tied embedding counted once
     assert summary["params_after"] < summary["params_before"]
-    assert 4e-4 < summary["eps"] < 6e-4  # fp32 rule with sigma_max ~ 82
+    # the fp32 rule on whitened bases (sigma_max about 2,800 here): far above the floor, below eps_max
+    assert 1e-2 < summary["eps"] < 2.5e-2
     assert len(summary["ranks"]) == 210  # every linear layer but the tied lm_head
     assert "accuracy" in capsys.readouterr().out
 
