@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from bsi.cli.flags import add_config_flags, overrides_from_args
-from bsi.errors import BSIError
+from bsi.cli.commands import build_config
+from bsi.cli.flags import add_config_flags
 
 METHOD_NAMES = ("svd", "svd-llm", "fwsvd", "asvd", "basel", "bsi-grad", "bsi")
 DEFAULT_TARGETS = "0.8,0.6,0.4,0.25,0.15"
@@ -33,22 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p, exclude=PER_CELL)
 
 
-def config_from_args(args: argparse.Namespace):
-    """The sweep's shared PipelineConfig: ``--config`` file or ``--preset``, then the flags given."""
-    from bsi.config import PipelineConfig, make_config
-
-    if args.config and args.preset:
-        raise BSIError("give --config FILE or --preset NAME, not both")
-    base = PipelineConfig.from_json(args.config) if args.config else None
-    return make_config(None if base else (args.preset or "default"), overrides_from_args(args), base=base)
-
-
 def run(args: argparse.Namespace) -> int:
     from bsi.pipeline.methods import BaselineConfig
     from bsi.pipeline.sweep import CellReport, Sweep, _fmt, cell_key, parse_methods, parse_targets
     from bsi.progress import ProgressPrinter
 
-    sweep = Sweep(config_from_args(args), parse_methods(args.methods), parse_targets(args.targets), args.out,
+    sweep = Sweep(build_config(args), parse_methods(args.methods), parse_targets(args.targets), args.out,
                   BaselineConfig(alpha=args.alpha, allocation=args.allocation),
                   speed_tokens=args.speed_tokens, speed_repeats=args.speed_repeats)
     speaks = sweep.dist.is_main  # under several processes, the first one prints
