@@ -14,10 +14,16 @@ the pruning is: 1 is pure signal, 0 pure noise. ``basel`` reads only sigma,
 so its ranking is the same on both halves by construction (shown for
 completeness).
 
+``bsi`` is scored twice: with the method's plain estimate (gradient z 0) and
+with the significance test of its first-order term (``--gradient-z``, by
+default the preset's), which keeps ``-sigma_i g_i`` only where ``|g_i|``
+exceeds z standard errors of the per-example gradients.
+
 Also printed per row: the share of pool bases with negative importance (the
 mass rule prunes those first), the median ``|curvature term| / |gradient
-term|``, and the cost of one profiling batch relative to one training step,
-both timed in this run.
+term|`` (the untested gradient term), the share of first-order terms that
+passed the test, and the cost of one profiling batch relative to one training
+step, both timed in this run.
 """
 
 from __future__ import annotations
@@ -53,10 +59,11 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((ra @ rb).item() / denom) if denom > 0 else float("nan")
 
 
-def profile_half(compressor, layers, pools, batches, source, generator) -> tuple[list, list | None, float]:
-    """Mean gradient and curvature per layer over ``batches`` with ``source``; and seconds per batch."""
+def profile_half(compressor, layers, pools, batches, source, generator) -> tuple[list, list | None, list | None, float]:
+    """Mean gradient, curvature and the gradient's standard error per layer over ``batches``; seconds per batch."""
     grads = [torch.zeros(layer.rank) for layer in layers]
     curvatures = [torch.zeros(layer.rank) for layer in layers]
+    variances = [torch.zeros(layer.rank) for layer in layers]
     start = time.perf_counter()
     for batch in batches:
         with evaluation_mode(compressor.model):
@@ -66,27 +73,38 @@ def profile_half(compressor, layers, pools, batches, source, generator) -> tuple
         if result.curvatures is not None:
             for c, r in zip(curvatures, result.curvatures):
                 c += r.cpu() / len(batches)
+        if result.grad_squares is not None:
+            for v, r in zip(variances, result.grad_squares):
+                v += r.cpu() / len(batches) ** 2  # variance of the mean over the batches
     seconds = (time.perf_counter() - start) / len(batches)
-    return grads, (curvatures if result.curvatures is not None else None), seconds
+    se = [v.sqrt() for v in variances] if result.grad_squares is not None else None
+    return grads, (curvatures if result.curvatures is not None else None), se, seconds
 
 
-def compare(sigmas, pools, half_a, half_b, score: str) -> dict:
-    corr, negative, ratio = [], [], []
+def compare(sigmas, pools, half_a, half_b, score: str, gradient_z: float = 0.0) -> dict:
+    """Spearman of the pool ranking between the halves (median over layers), and the terms' shape."""
+    corr, negative, ratio, kept = [], [], [], []
     s = SCORES[score]
     for i, (sigma, pool) in enumerate(zip(sigmas, pools)):
         if pool.numel() < 3:
             continue
         scores = []
-        for grads, curvatures in (half_a, half_b):
+        for grads, curvatures, se in (half_a, half_b):
             c = curvatures[i] if curvatures is not None and s.needs_curvature else None
-            scores.append(s(sigma, grads[i], c)[pool] if s.needs_gradient else s(sigma)[pool])
+            e = se[i] if se is not None else None
+            scores.append(s(sigma, grads[i], c, grad_se=e, gradient_z=gradient_z)[pool] if s.needs_gradient
+                          else s(sigma)[pool])
         corr.append(spearman(*scores))
         negative.append(float((scores[0] < 0).float().mean()))
         if s.needs_curvature:
-            terms = s.terms(sigma, half_a[0][i], half_a[1][i])
-            ratio.append(float((terms["curvature"][pool].abs() / terms["gradient"][pool].abs().clamp(min=1e-30)).median()))
+            se_a = half_a[2][i] if half_a[2] is not None else None
+            terms = s.terms(sigma, half_a[0][i], half_a[1][i], grad_se=se_a, gradient_z=gradient_z)
+            full = -sigma * half_a[0][i]  # the untested first-order term
+            ratio.append(float((terms["curvature"][pool].abs() / full[pool].abs().clamp(min=1e-30)).median()))
+            kept.append(float((terms["gradient"][pool] != 0).float().mean()))
     return {"spearman_median": statistics.median(corr), "negative_share_median": statistics.median(negative),
-            "curvature_over_gradient_median": statistics.median(ratio) if ratio else None, "layers": len(corr)}
+            "curvature_over_gradient_median": statistics.median(ratio) if ratio else None,
+            "significant_gradient_median": statistics.median(kept) if kept else None, "layers": len(corr)}
 
 
 def training_step_seconds(compressor, batches) -> float:
@@ -105,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--curvatures", default="fisher,mc-fisher,hutchinson")
     p.add_argument("--probe-scope", default=None, help="hutchinson scope (default: the preset's)")
     p.add_argument("--probes", type=int, default=1, help="hutchinson probes per batch")
+    p.add_argument("--gradient-z", type=float, default=None,
+                   help="bsi rows: also with this significance test of the gradient (default: the preset's)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
@@ -113,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     config = make_config(args.preset, {"model": args.model})
     comp = config.compress
     per_half = args.batches_per_half or comp.profiling_iters
+    if args.gradient_z is None:
+        args.gradient_z = comp.gradient_z
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=torch.float32)
     calibration = real_batches(tokenizer, config.batch_size, config.max_length, comp.calibration_batches, seed=7)
     profiling = real_batches(tokenizer, config.batch_size, config.max_length, 4 * per_half + 2, seed=123)
@@ -138,10 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         for score in ("bsi", "bsi-grad", "basel"):
             if not SCORES[score].needs_curvature and name != "fisher":
                 continue  # curvature-free scores: once is enough
-            row = {"score": score, "curvature": name if SCORES[score].needs_curvature else "-",
-                   **compare(sigmas, pools, half_a[:2], half_b[:2], score),
-                   "profile_seconds": (half_a[2] + half_b[2]) / 2}
-            rows.append(row)
+            for z in ((0.0, args.gradient_z) if SCORES[score].tests_gradient and args.gradient_z > 0 else (0.0,)):
+                row = {"score": score, "curvature": name if SCORES[score].needs_curvature else "-",
+                       "gradient_z": z if SCORES[score].tests_gradient else None,
+                       **compare(sigmas, pools, half_a[:3], half_b[:3], score, z),
+                       "profile_seconds": (half_a[3] + half_b[3]) / 2}
+                rows.append(row)
         print(f"  {name} done ({row['profile_seconds']:.1f} s per batch)", file=sys.stderr, flush=True)
     gradient_only = GradientOnly()
     start = time.perf_counter()
@@ -159,12 +183,15 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nProfiling budget: {per_half} batch(es) of {config.batch_size} per half; training step "
           f"{train_seconds:.2f} s.\n")
-    print("| score | curvature | Spearman A vs B (median over layers) | negative share | "
-          "curvature term / gradient term | profiling batch / training step |\n|---|---|---|---|---|---|")
+    print("| score | curvature | gradient z | Spearman A vs B (median over layers) | negative share | "
+          "curvature term / gradient term | first-order terms kept | profiling batch / training step |\n"
+          "|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = "-" if r["curvature_over_gradient_median"] is None else f"{r['curvature_over_gradient_median']:.3g}"
-        print(f"| {r['score']} | {r['curvature']} | {r['spearman_median']:.2f} | {r['negative_share_median']:.0%} | "
-              f"{ratio} | {r['profile_over_train_step']:.2f}x |")
+        kept = "-" if r.get("significant_gradient_median") is None else f"{r['significant_gradient_median']:.0%}"
+        z = "-" if r["gradient_z"] is None else f"{r['gradient_z']:g}"
+        print(f"| {r['score']} | {r['curvature']} | {z} | {r['spearman_median']:.2f} | {r['negative_share_median']:.0%} | "
+              f"{ratio} | {kept} | {r['profile_over_train_step']:.2f}x |")
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "args": vars(args),
                                                "compress": dataclasses.asdict(comp), "rows": rows,

@@ -33,12 +33,13 @@ from .errors import BSIError
 
 SCORES = ("bsi", "bsi-grad", "basel")
 SIZE_MODES = ("target", "keep")
-SELECTIONS = ("mass", "global")
+SELECTIONS = ("auto", "mass", "global")
 BASES = ("whitened", "svd")
 CURVATURES = ("fisher", "mc-fisher", "hutchinson")
 PROBE_SCOPES = ("layer", "model")
 HESSIAN_METHODS = ("fd", "hvp")
 CENTER_GRADIENTS = ("exact", "average")
+SCORE_WINDOWS = ("profiling", "round")
 RECOVER_TARGETS = ("factors", "sigma")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -143,9 +144,11 @@ class CompressConfig(_JsonConfig):
     sampling_ratio: float = option(0.25, "SamplingIterRatio: share of each round spent profiling, in (0, 1]")
     gamma: float = option(1.0, "candidate-pool exponent: rho = ratio ** (gamma / rounds) of the sigma mass is "
                                "protected; larger gamma, larger pools")
-    selection: str = option("mass", "size mode target: which bases meet a round's budget: mass (one keep "
-                                    "fraction shared by every layer's mass rule) or global (least importance "
-                                    "per parameter across layers; bsi and bsi-grad only)", choices=SELECTIONS)
+    selection: str = option("auto", "size mode target: which bases meet a round's budget: global (least "
+                                    "importance per parameter across layers; bsi and bsi-grad, whose scores "
+                                    "are loss changes), mass (one keep fraction shared by every layer's mass "
+                                    "rule) or auto (global for bsi and bsi-grad, mass for basel)",
+                            choices=SELECTIONS)
     max_cut_factor: float = option(2.0, "a round removes at most this multiple of its even share of any "
                                         "layer's bases (0: no limit, the paper's rule)")
     bases: str = option("whitened", "bases of the Basel form: whitened (SVD of W S, S S^T the covariance of "
@@ -170,6 +173,13 @@ class CompressConfig(_JsonConfig):
     eps_max: float = option(0.1, "eps rule: upper bound eps_max < 1")
     eps_floor: float = option(1e-4, "eps rule: lower bound (fp32 round-off of the gradients swamps smaller "
                                      "steps); 0 keeps the method's rule")
+    score_window: str = option("round", "which batches a round's scores average: round (also the tuning "
+                                        "steps' per-example gradients, free; the fisher curvature too) or "
+                                        "profiling (the last iterations only, the method's)",
+                               choices=SCORE_WINDOWS)
+    gradient_z: float = option(5.0, "bsi: keep a basis's first-order term only where its gradient exceeds this "
+                                    "many standard errors (from the per-example gradients); 0: always (the "
+                                    "method's estimate)", metavar="Z")
     aux_rank: int = option(8, "auxiliary vectors per layer")
     lr: float = option(1e-3, "learning rate of sigma while pruning")
     aux_lr: float = option(2e-4, "learning rate of the auxiliary vectors while pruning")
@@ -182,13 +192,14 @@ class CompressConfig(_JsonConfig):
         _check_choice(self.score, "score", SCORES)
         _check_choice(self.size_mode, "size_mode", SIZE_MODES)
         _check_choice(self.selection, "selection", SELECTIONS)
-        _check(self.selection == "mass" or self.score != "basel",
+        _check(self.selection != "global" or self.score != "basel",
                "selection global compares importance across layers, which basel's |sigma| cannot do; use selection mass")
         _check_choice(self.bases, "bases", BASES)
         _check_choice(self.curvature, "curvature", CURVATURES)
         _check_choice(self.probe_scope, "probe_scope", PROBE_SCOPES)
         _check_choice(self.hessian_method, "hessian_method", HESSIAN_METHODS)
         _check_choice(self.center_gradient, "center_gradient", CENTER_GRADIENTS)
+        _check_choice(self.score_window, "score_window", SCORE_WINDOWS)
         _check(_number(self.keep_ratio) and 0 < self.keep_ratio <= 1, f"keep_ratio must be in (0, 1], got {self.keep_ratio}")
         _check(_number(self.target_ratio) and 0 < self.target_ratio <= 1,
                f"target_ratio must be in (0, 1], got {self.target_ratio}")
@@ -213,6 +224,7 @@ class CompressConfig(_JsonConfig):
                f"eps_floor must be in [0, eps_max], got {self.eps_floor}")
         _check(_integer(self.probes_per_batch) and self.probes_per_batch >= 1,
                f"probes_per_batch must be an integer >= 1, got {self.probes_per_batch}")
+        _check(_number(self.gradient_z) and 0 <= self.gradient_z <= 100, f"gradient_z must be in [0, 100], got {self.gradient_z}")
         _check(_integer(self.aux_rank) and self.aux_rank >= 0, f"aux_rank must be an integer >= 0, got {self.aux_rank}")
         _check(_number(self.lr) and _number(self.aux_lr) and self.lr >= 0 and self.aux_lr >= 0,
                "learning rates must be >= 0")
@@ -239,6 +251,13 @@ class CompressConfig(_JsonConfig):
     def round_length(self) -> int:
         """IterPerPruning: iterations per pruning round (tuning then profiling)."""
         return max(1, round(self.iters_per_epoch * self.pruning_epochs / self.rounds))
+
+    @property
+    def selection_rule(self) -> str:
+        """The selection in force: ``auto`` resolved (``global`` for loss-unit scores, ``mass`` for basel)."""
+        if self.selection != "auto":
+            return self.selection
+        return "mass" if self.score == "basel" else "global"
 
     @property
     def profiling_iters(self) -> int:

@@ -100,6 +100,9 @@ class RoundReport(_Report):
     loss_after: float = float("nan")  # the same just after it
     curvature: str = ""  # what the profiling measured: a curvature source, "gradient" or "none"
     score: str = ""
+    #: share of pool bases whose first-order term passed the significance test (bsi with gradient_z > 0);
+    #: nan when no test ran (another score, z = 0, or a source without per-example gradients)
+    significant_gradients: float = float("nan")
 
     @property
     def compressible_ratio(self) -> float:

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from conftest import lm_loss, make_tiny_llama, token_batches
@@ -97,11 +99,35 @@ def test_same_seed_same_result(scope, score):
 
 def test_importance_is_what_the_score_says():
     model = make_tiny_llama()
-    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=1, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1)
+    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=1, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1,
+                            gradient_z=0)
     _, (report,) = run(Compressor(model, token_batches(), config, lm_loss))
+    assert math.isnan(report.significant_gradients)  # z = 0: no test ran
     for layer in report.layers:
         expected = -layer.sigma * layer.grad + 0.5 * layer.sigma**2 * layer.hessian
         torch.testing.assert_close(layer.importance, expected)
+
+
+@pytest.mark.parametrize("z", [1.0, 100.0])
+def test_first_order_terms_are_kept_only_where_the_gradient_is_significant(z):
+    model = make_tiny_llama()
+    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=1, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1,
+                            gradient_z=z)
+    _, (report,) = run(Compressor(model, token_batches(), config, lm_loss))
+    kept = tested = 0
+    for layer in report.layers:
+        full = -layer.sigma * layer.grad
+        term = layer.terms["gradient"]
+        zeroed = term == 0
+        torch.testing.assert_close(term[~zeroed], full[~zeroed])  # a term is either kept whole or dropped
+        torch.testing.assert_close(layer.importance, term + 0.5 * layer.sigma**2 * layer.hessian)
+        kept += int((~zeroed[layer.pool]).sum())
+        tested += layer.pool.numel()
+    assert report.significant_gradients == pytest.approx(kept / tested)
+    if z == 100.0:
+        assert kept == 0  # no mini-batch gradient stands 100 standard errors above its noise
+    else:
+        assert 0 < kept < tested
 
 
 def test_non_finite_batches_are_skipped_counted_and_capped():
@@ -152,3 +178,32 @@ def test_step_reports_are_typed():
     assert all(isinstance(s, StepReport) and s.total_steps == 2 for s in steps)
     d = rounds[0].to_dict()
     assert d["kind"] == "RoundReport" and isinstance(d["layers"][0]["sigma"], list)
+
+
+@pytest.mark.parametrize("score", ["bsi", "bsi-grad"])
+def test_round_window_averages_the_tuning_steps_with_the_profiling_batches(score):
+    """score_window round: a round's gradient and Fisher curvature are means over all its batches.
+
+    With learning rates 0 sigma never moves, so a round whose 4 tuning steps see
+    batch X and whose 2 profiling steps see batch Y must score with
+    (4 * stat(X) + 2 * stat(Y)) / 6, where stat(X) is what profiling X alone gives.
+    """
+    x, y = next(token_batches(seed=3)), next(token_batches(seed=4))
+
+    def first_round(stream, window):
+        model = make_tiny_llama()
+        config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=1, iters_per_epoch=6, sampling_ratio=0.34,
+                                aux_rank=0, bases="svd", score=score, score_window=window, gradient_z=0,
+                                lr=0.0, aux_lr=0.0)
+        assert config.profiling_iters == 2
+        _, (report,) = run(Compressor(model, iter(stream), config, lm_loss))
+        return report
+
+    only_x = first_round([x] * 7, "profiling")
+    only_y = first_round([y] * 7, "profiling")
+    mixed = first_round([x] * 5 + [y] * 2, "round")  # monitor batch, 4 tuning steps, 2 profiling steps
+    for a, b, m in zip(only_x.layers, only_y.layers, mixed.layers):
+        torch.testing.assert_close(m.grad, (4 * a.grad + 2 * b.grad) / 6, rtol=1e-4, atol=1e-7)
+        if score == "bsi":
+            torch.testing.assert_close(m.hessian, (4 * a.hessian + 2 * b.hessian) / 6, rtol=1e-4, atol=1e-9)
+    assert not torch.allclose(mixed.layers[0].grad, only_y.layers[0].grad)  # the tuning steps did count

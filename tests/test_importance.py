@@ -10,6 +10,7 @@ from bsi.method.scores import (
     mass_rule_keep_count,
     probe_vector,
     select_pruned,
+    significant_gradient,
     symmetric_difference_hessian,
 )
 
@@ -24,6 +25,26 @@ def test_importance_scores_by_formula():
     torch.testing.assert_close(importance_scores(-sigma, grad, hess, "basel"), sigma)
     with pytest.raises(BSIError, match="unknown score"):
         importance_scores(sigma, grad, hess, "magnitude")
+
+
+def test_significant_gradient_keeps_only_values_beyond_z_standard_errors():
+    grad = torch.tensor([0.3, -0.3, 0.1, -0.5, 0.0])
+    se = torch.tensor([0.1, 0.2, 0.1, 0.1, 0.0])
+    torch.testing.assert_close(significant_gradient(grad, se, 2.0), torch.tensor([0.3, 0.0, 0.0, -0.5, 0.0]))
+    torch.testing.assert_close(significant_gradient(grad, se, 0.5), grad)
+
+
+def test_bsi_drops_insignificant_first_order_terms_and_bsi_grad_never_does():
+    from bsi.method.scores import get_score
+
+    sigma = torch.tensor([2.0, 1.0])
+    grad, hess, se = torch.tensor([0.1, -0.2]), torch.tensor([1.0, 2.0]), torch.tensor([0.1, 0.01])
+    gated = get_score("bsi")(sigma, grad, hess, grad_se=se, gradient_z=2.0)
+    torch.testing.assert_close(gated, torch.tensor([0.0 + 2.0, 0.2 + 1.0]))  # basis 0: |0.1| < 2 * 0.1
+    torch.testing.assert_close(get_score("bsi")(sigma, grad, hess, grad_se=se, gradient_z=0.0),
+                               importance_scores(sigma, grad, hess, "bsi"))
+    torch.testing.assert_close(get_score("bsi-grad")(sigma, grad, grad_se=se, gradient_z=2.0),
+                               torch.tensor([-0.2, 0.2]))
 
 
 @pytest.mark.parametrize(

@@ -150,6 +150,27 @@ def test_fisher_curvature_equals_per_example_gradients_computed_one_by_one():
         torch.testing.assert_close(got, t, rtol=1e-3, atol=1e-6)
 
 
+def test_per_example_squares_predict_the_spread_of_batch_gradients():
+    """The standard error the bsi score tests against is the real batch-to-batch spread of the gradient."""
+    from bsi.method.curvature import Fisher, evaluation_mode
+
+    model = make_tiny_llama()
+    layers = list(to_basis_form(model, aux_rank=0).values())
+    pools = [torch.arange(layer.rank) for layer in layers]
+    grads, predicted = [], []
+    stream = token_batches(batch=8, length=16, seed=5)
+    with evaluation_mode(model):
+        for _ in range(60):
+            batch = next(stream)
+            result = Fisher().profile(model, layers, pools, batch, lm_loss, None)
+            grads.append(torch.cat(result.grads))
+            # centred per batch: sum_b c_b^2 - g^2 / B, the unbiased-in-spirit variance of the batch gradient
+            predicted.append(torch.cat(result.grad_squares) - torch.cat(result.grads).square() / 8)
+    observed = torch.stack(grads).var(dim=0)  # (n,) across batches
+    ratio = torch.stack(predicted).mean(dim=0) / observed.clamp(min=1e-30)
+    assert 0.7 < float(ratio.median()) < 1.3
+
+
 def test_recorder_is_detached_after_profiling():
     model = make_tiny_llama()
     layers = list(to_basis_form(model, aux_rank=0).values())

@@ -59,6 +59,9 @@ class ProfileResult:
     loss: float
     grads: list[torch.Tensor] | None  # each (r_l,) float32 on the layer's device; None if not measured
     curvatures: list[torch.Tensor] | None  # each (r_l,) float32, zero outside the pool; None if not measured
+    #: each (r_l,) float32: sum over the batch's examples of their gradient contribution squared, the
+    #: variance of ``grads`` (see :class:`~bsi.method.layers.SigmaGradientRecorder`); None if not measured
+    grad_squares: list[torch.Tensor] | None = None
 
     @property
     def hessians(self) -> list[torch.Tensor] | None:
@@ -202,7 +205,9 @@ class Hutchinson:
                 return _profile_hvp(model, layers, pools, batch, loss_fn, self.scope, self.probes, generator)
         if self.center == "average" and self.scope == "model":
             return _profile_fd_averaged_center(model, layers, pools, batch, loss_fn, self.eps, self.probes, generator)
-        loss, grads = sigma_gradients(model, layers, batch, loss_fn)
+        with SigmaGradientRecorder().attach(list(layers)) as recorder:
+            loss, grads = sigma_gradients(model, layers, batch, loss_fn)
+            grad_squares = [recorder.squares(layer).clone() for layer in layers]
         if not _finite(loss, *grads):
             return None
         curvatures = [torch.zeros_like(g) for g in grads]
@@ -224,7 +229,7 @@ class Hutchinson:
                     if est is None:
                         return None
                     curvatures[i].add_(est[0] / self.probes)
-        return ProfileResult(float(loss), grads, curvatures)
+        return ProfileResult(float(loss), grads, curvatures, grad_squares)
 
 
 @dataclass(frozen=True)
@@ -239,33 +244,31 @@ class Fisher:
 
     def profile(self, model, layers, pools, batch, loss_fn, generator) -> ProfileResult | None:
         with SigmaGradientRecorder().attach(list(layers)) as recorder:
-            if not self.sampled:
-                loss, grads = sigma_gradients(model, layers, batch, loss_fn)
-                if not _finite(loss, *grads):
-                    return None
-                count = loss_count(loss_fn, batch)
-            else:
-                recorder.detach()  # the true-label pass gives the gradient only
-                loss, grads = sigma_gradients(model, layers, batch, loss_fn)
-                if not _finite(loss, *grads):
-                    return None
-                sampled = getattr(loss_fn, "sampled", None)
-                if sampled is None:
-                    raise BSIError("the mc-fisher curvature needs a loss with labels drawn from the model "
-                                   "(loss.sampled(model, batch, generator)); use bsi.pipeline.losses.AnswerTokenLoss")
-                recorder.attach(list(layers))
+            loss, grads = sigma_gradients(model, layers, batch, loss_fn)  # true labels
+            grad_squares = [recorder.squares(layer).clone() for layer in layers]  # (r,) each
+        if not _finite(loss, *grads):
+            return None
+        count = loss_count(loss_fn, batch)
+        if self.sampled:
+            sampled = getattr(loss_fn, "sampled", None)
+            if sampled is None:
+                raise BSIError("the mc-fisher curvature needs a loss with labels drawn from the model "
+                               "(loss.sampled(model, batch, generator)); use bsi.pipeline.losses.AnswerTokenLoss")
+            with SigmaGradientRecorder().attach(list(layers)) as recorder:
                 mc_loss = sampled(model, batch, generator)
                 torch.autograd.grad(mc_loss, [layer.sigma for layer in layers], allow_unused=True)
-                count = loss_count(loss_fn, batch)
-            curvatures = []
-            for layer, pool in zip(layers, pools):
-                full = recorder.squares(layer) * count  # (r,) N * sum_b g_b^2
-                mask = torch.zeros_like(full)
-                mask[pool.to(full.device)] = 1.0
-                curvatures.append(full * mask)
+                squares = [recorder.squares(layer) for layer in layers]
+        else:
+            squares = grad_squares
+        curvatures = []
+        for square, pool in zip(squares, pools):
+            full = square * count  # (r,) N * sum_b g_b^2
+            mask = torch.zeros_like(full)
+            mask[pool.to(full.device)] = 1.0
+            curvatures.append(full * mask)
         if not _finite(*curvatures):
             return None
-        return ProfileResult(float(loss), grads, curvatures)
+        return ProfileResult(float(loss), grads, curvatures, grad_squares)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from bsi.method.curvature import (
     curvature_source,
     evaluation_mode,
 )
-from bsi.method.layers import BasisLinear
+from bsi.method.layers import BasisLinear, SigmaGradientRecorder
 from bsi.method.schedule import (
     LayerShape,
     cut_caps,
@@ -98,6 +98,7 @@ class _LayerStats:
     grad: torch.Tensor  # (r,) sum of dl/dsigma
     curvature: torch.Tensor  # (r,) sum of curvature estimates
     pool: torch.Tensor  # (p,) candidate positions
+    grad_squares: torch.Tensor | None  # (r,) sum of the batches' gradient variances; None once a batch lacked them
 
 
 class Compressor:
@@ -162,7 +163,9 @@ class Compressor:
         self.eps = float("nan")
         self._round_losses: list[float] = []
         self._stats: dict[str, _LayerStats] | None = None
-        self._profiled = 0
+        self._profiled = 0  # batches in the round's gradient sums
+        self._curvature_batches = 0  # batches in the round's curvature sums
+        self._tuning: dict[str, _LayerStats] | None = None  # score_window round: sums over the tuning steps so far
         self._monitor: dict | None = None
         self._start = time.perf_counter()
         if not compressible_linear_names(model) and not basis_layers(model):
@@ -274,19 +277,28 @@ class Compressor:
                 f"max_skipped_batches={self.config.max_skipped_batches}); lower the learning rate or check the data/model dtype"
             )
 
+    @property
+    def _scores_tuning_steps(self) -> bool:
+        """score_window round: the tuning steps' per-example gradients join the round's sums."""
+        return self.config.score_window == "round" and self.score.needs_gradient
+
     def _train_step(self, batch: dict, total: int) -> StepReport:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.train_loss_fn(self.model, batch)
-        # Backward even for a non-finite loss: under several processes the gradient
-        # hooks all-reduce, so every rank must take part (its NaN then makes every
-        # rank skip this step together). Alone, the step is skipped as before.
-        if loss.requires_grad:
-            loss.backward()
+        layers = [self.layers[n] for n in self.names]
+        with SigmaGradientRecorder().attach(layers if self._scores_tuning_steps else []) as recorder:
+            loss = self.train_loss_fn(self.model, batch)
+            # Backward even for a non-finite loss: under several processes the gradient
+            # hooks all-reduce, so every rank must take part (its NaN then makes every
+            # rank skip this step together). Alone, the step is skipped as before.
+            if loss.requires_grad:
+                loss.backward()
         grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         checks = [torch.isfinite(loss).all()] + [torch.isfinite(g).all() for g in grads]
         finite = bool(torch.stack(checks).all())  # one host-device sync, not one per tensor
         if finite:
+            if self._scores_tuning_steps:
+                self._add_tuning_statistics(recorder, batch)
             self.optimizer.step()
             self._round_losses.append(float(loss.detach()))
         else:
@@ -294,6 +306,30 @@ class Compressor:
             self._check_skips()
         self.optimizer.zero_grad(set_to_none=True)
         return StepReport("train", self.iteration, total, float(loss.detach()), self._elapsed(), skipped=not finite)
+
+    def _add_tuning_statistics(self, recorder: SigmaGradientRecorder, batch: dict) -> None:
+        """Add a tuning step's per-example sigma-gradients to the round's sums (before sigma moves).
+
+        The gradient is that of the tuning loss (the task loss, or task plus
+        distillation); the Fisher curvature is ``N * sum_b g_b^2`` as in
+        :class:`~bsi.method.curvature.Fisher`, with ``N`` the batch's loss terms.
+        """
+        fisher = self.score.needs_curvature and self.source.name == "fisher"
+        count = self.loss_fn.count(batch) if fisher else 0
+        if self._tuning is None:
+            zeros = lambda n: torch.zeros_like(self.layers[n].sigma, dtype=torch.float32)  # noqa: E731
+            self._tuning = {n: _LayerStats(zeros(n), zeros(n), torch.empty(0, dtype=torch.long), zeros(n))
+                            for n in self.names}
+            self._tuning_batches = [0, 0]  # gradient, curvature
+        for n in self.names:
+            layer, stats = self.layers[n], self._tuning[n]
+            squares = recorder.squares(layer).float()
+            stats.grad.add_(recorder.sums.get(id(layer), torch.zeros_like(squares)).float())
+            stats.grad_squares.add_(squares)
+            if fisher:
+                stats.curvature.add_(squares * count)
+        self._tuning_batches[0] += 1
+        self._tuning_batches[1] += int(fisher)
 
     def _profile_step(self, batch: dict, total: int) -> StepReport:
         assert self._stats is not None
@@ -310,7 +346,13 @@ class Compressor:
                 self._stats[name].grad.add_(result.grads[i])
             if result.curvatures is not None:
                 self._stats[name].curvature.add_(result.curvatures[i])
+            stats = self._stats[name]
+            if result.grad_squares is None:
+                stats.grad_squares = None
+            elif stats.grad_squares is not None:
+                stats.grad_squares.add_(result.grad_squares[i])
         self._profiled += 1
+        self._curvature_batches += result.curvatures is not None
         return StepReport("profile", self.iteration, total, result.loss, self._elapsed())
 
     # -------------------------------------------------------------- rounds
@@ -346,9 +388,17 @@ class Compressor:
         if budget is not None:
             rho = widen_pools(rho, lambda r: {n: p.cpu() for n, p in self._pools(r).items()}, self.shapes(), *budget)
         pools = self._pools(rho)
-        self._profiled = 0
-        return {n: _LayerStats(torch.zeros_like(self.layers[n].sigma), torch.zeros_like(self.layers[n].sigma), pools[n])
-                for n in self.names}
+        self._profiled = self._curvature_batches = 0
+        zeros = lambda n: torch.zeros_like(self.layers[n].sigma, dtype=torch.float32)  # noqa: E731
+        stats = {n: _LayerStats(zeros(n), zeros(n), pools[n], zeros(n)) for n in self.names}
+        if self._tuning is not None:  # score_window round: start from the tuning steps' sums
+            for n in self.names:
+                tuned, mask = self._tuning[n], torch.zeros_like(stats[n].curvature)
+                mask[pools[n]] = 1.0
+                stats[n] = _LayerStats(tuned.grad, tuned.curvature * mask, pools[n], tuned.grad_squares)
+            self._profiled, self._curvature_batches = self._tuning_batches
+            self._tuning = None
+        return stats
 
     @torch.no_grad()
     def _monitor_loss(self) -> float:
@@ -362,17 +412,26 @@ class Compressor:
         assert self._stats is not None
         cfg = self.config
         count = float(self.reduce(torch.tensor(float(self._profiled), device=self.device)))
+        curvature_count = float(self.reduce(torch.tensor(float(self._curvature_batches), device=self.device)))
         if count == 0 and self.score.needs_gradient:
             raise BSIError("every profiling batch of this round was skipped for non-finite values; nothing to score")
         stats: dict[str, dict] = {}
+        tested = [0, 0]  # pool bases whose first-order term passed the test, pool bases tested
         for n in self.names:
             s = self._stats[n]
             sigma = self.layers[n].sigma.detach().float()
             grad = self.reduce(s.grad) / count if self.score.needs_gradient else None  # (r,) mean over all batches
-            curvature = self.reduce(s.curvature) / count if self.score.needs_curvature else None
-            terms = self.score.terms(sigma, grad, curvature)
+            curvature = self.reduce(s.curvature) / max(curvature_count, 1.0) if self.score.needs_curvature else None
+            # standard error of the mean gradient: summed batch variances / count^2
+            grad_se = (self.reduce(s.grad_squares).sqrt() / count
+                       if self.score.tests_gradient and s.grad_squares is not None else None)
+            terms = self.score.terms(sigma, grad, curvature, grad_se=grad_se, gradient_z=cfg.gradient_z)
             stats[n] = {"sigma": sigma, "grad": grad, "curvature": curvature, "terms": terms,
                         "importance": sum(terms.values()), "pool": s.pool}
+            if grad_se is not None and cfg.gradient_z > 0:
+                kept = terms["gradient"][s.pool] != 0
+                tested[0] += int(kept.sum())
+                tested[1] += s.pool.numel()
         importance = {n: stats[n]["importance"].cpu() for n in self.names}
         pools = {n: stats[n]["pool"].cpu() for n in self.names}
         ranks = {n: self.layers[n].rank for n in self.names}
@@ -384,7 +443,7 @@ class Compressor:
             shapes = self.shapes()
             now = parameters_after(shapes, {n: pools[n][:0] for n in self.names}, budget[1])
             caps = cut_caps(ranks, even_share(now, budget[0]), cfg.max_cut_factor)
-            pruned = select_to_budget(shapes, importance, pools, budget[0], budget[1], cfg.selection, caps)
+            pruned = select_to_budget(shapes, importance, pools, budget[0], budget[1], cfg.selection_rule, caps)
         loss_before = self._monitor_loss()
         reports = []
         for n in self.names:
@@ -411,6 +470,7 @@ class Compressor:
             skipped_batches=self.skipped, elapsed=self._elapsed(),
             removed=sum(r.rank_before - r.rank_after for r in reports), loss_before=loss_before,
             loss_after=loss_after, curvature=self.source.name, score=self.score.name,
+            significant_gradients=tested[0] / tested[1] if tested[1] else float("nan"),
         )
         self._stats, self._round_losses = None, []
         return report
@@ -491,3 +551,4 @@ class Compressor:
         self.factor_start = int(plain.get("factor_start", self.factor_start))
         self.notes = list(plain.get("notes", self.notes))
         self._stats, self._round_losses = None, []
+        self._tuning = None

@@ -318,7 +318,10 @@ def schedule_note(config: dict) -> str:
     else:
         curvature = f"{comp.curvature} curvature"
     distill = f", distillation weight {recover.get('distill', 0):g}" if recover.get("distill") else ""
+    selection = ("global selection for bsi and bsi-grad, mass for basel" if comp.selection == "auto"
+                 else f"{comp.selection} selection")
+    window = "every batch of a round" if comp.score_window == "round" else "the profiling batches"
     return (f"Engine methods (basel, bsi-grad, bsi): {comp.bases} bases, {comp.rounds} rounds of {comp.round_length} "
-            f"iterations, the last {comp.profiling_iters} of each profiling ({curvature}; {comp.selection} "
-            f"selection). Every method: {recover['steps']} recovery steps training "
+            f"iterations, the last {comp.profiling_iters} of each profiling ({curvature}; {selection}; bsi scores "
+            f"{window}, first-order terms kept beyond {comp.gradient_z:g} standard errors). Every method: {recover['steps']} recovery steps training "
             f"{recover.get('train', 'sigma')}{distill}.")
