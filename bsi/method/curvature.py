@@ -179,6 +179,13 @@ def exact_hessian(model: nn.Module, layer: BasisLinear, batch: dict, loss_fn: Lo
 
 
 # ------------------------------------------------------------------ sources
+def inside_pool(values: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
+    """``values`` (r,) at the pool's positions (p,), zero elsewhere: curvature is estimated for the pool only."""
+    mask = torch.zeros_like(values)
+    mask[pool.to(values.device)] = 1.0
+    return values * mask
+
+
 def loss_count(loss_fn: LossFn, batch: dict) -> int:
     """How many terms the loss averages over on ``batch`` (tokens), from ``loss_fn.count``."""
     count = getattr(loss_fn, "count", None)
@@ -260,12 +267,7 @@ class Fisher:
                 squares = [recorder.squares(layer) for layer in layers]
         else:
             squares = grad_squares
-        curvatures = []
-        for square, pool in zip(squares, pools):
-            full = square * count  # (r,) N * sum_b g_b^2
-            mask = torch.zeros_like(full)
-            mask[pool.to(full.device)] = 1.0
-            curvatures.append(full * mask)
+        curvatures = [inside_pool(square * count, pool) for square, pool in zip(squares, pools)]  # N * sum_b g_b^2
         if not _finite(*curvatures):
             return None
         return ProfileResult(float(loss), grads, curvatures, grad_squares)

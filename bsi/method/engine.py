@@ -40,6 +40,7 @@ from bsi.method.curvature import (
     NothingToMeasure,
     curvature_source,
     evaluation_mode,
+    inside_pool,
 )
 from bsi.method.layers import BasisLinear, SigmaGradientRecorder
 from bsi.method.schedule import (
@@ -166,6 +167,7 @@ class Compressor:
         self._profiled = 0  # batches in the round's gradient sums
         self._curvature_batches = 0  # batches in the round's curvature sums
         self._tuning: dict[str, _LayerStats] | None = None  # score_window round: sums over the tuning steps so far
+        self._tuning_batches = [0, 0]  # batches in those gradient and curvature sums
         self._monitor: dict | None = None
         self._start = time.perf_counter()
         if not compressible_linear_names(model) and not basis_layers(model):
@@ -320,7 +322,7 @@ class Compressor:
             zeros = lambda n: torch.zeros_like(self.layers[n].sigma, dtype=torch.float32)  # noqa: E731
             self._tuning = {n: _LayerStats(zeros(n), zeros(n), torch.empty(0, dtype=torch.long), zeros(n))
                             for n in self.names}
-            self._tuning_batches = [0, 0]  # gradient, curvature
+            self._tuning_batches = [0, 0]
         for n in self.names:
             layer, stats = self.layers[n], self._tuning[n]
             squares = recorder.squares(layer).float()
@@ -393,9 +395,8 @@ class Compressor:
         stats = {n: _LayerStats(zeros(n), zeros(n), pools[n], zeros(n)) for n in self.names}
         if self._tuning is not None:  # score_window round: start from the tuning steps' sums
             for n in self.names:
-                tuned, mask = self._tuning[n], torch.zeros_like(stats[n].curvature)
-                mask[pools[n]] = 1.0
-                stats[n] = _LayerStats(tuned.grad, tuned.curvature * mask, pools[n], tuned.grad_squares)
+                tuned = self._tuning[n]
+                stats[n] = _LayerStats(tuned.grad, inside_pool(tuned.curvature, pools[n]), pools[n], tuned.grad_squares)
             self._profiled, self._curvature_batches = self._tuning_batches
             self._tuning = None
         return stats
