@@ -76,6 +76,38 @@ def real_batches(tokenizer, batch_size: int, max_length: int, count: int, seed: 
     return [next(stream) for _ in range(count)]
 
 
+@dataclass
+class FirstRound:
+    """Round 1 of a compression opened exactly as the engine opens it: bases converted, pools drawn."""
+
+    config: object  # the PipelineConfig of the preset
+    compressor: object  # the bsi.method.engine.Compressor
+    tokenizer: object
+    names: list[str]
+    layers: list  # the BasisLinear layers, in ``names`` order
+    pools: list[torch.Tensor]  # per layer, (p_l,) candidate-pool positions
+
+
+def open_first_round(model_spec: str, preset: str) -> FirstRound:
+    """Load ``model_spec`` in fp32, convert it with ``preset``'s bases and open round 1 (its candidate pools)."""
+    from bsi.config import make_config
+    from bsi.method.engine import Compressor
+    from bsi.models import load_model_and_tokenizer
+    from bsi.pipeline.losses import answer_token_loss
+
+    config = make_config(preset, {"model": model_spec})
+    comp = config.compress
+    model, tokenizer = load_model_and_tokenizer(model_spec, dtype=torch.float32)
+    calibration = real_batches(tokenizer, config.batch_size, config.max_length, comp.calibration_batches, seed=7)
+    compressor = Compressor(model, iter(calibration), comp, answer_token_loss)
+    for _ in compressor.convert():
+        pass
+    stats = compressor._open_round()
+    names = list(compressor.names)
+    return FirstRound(config, compressor, tokenizer, names, [compressor.layers[n] for n in names],
+                      [stats[n].pool for n in names])
+
+
 def tokens_in(batch: dict) -> int:
     """Real (non-padding) tokens of a batch."""
     return int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()

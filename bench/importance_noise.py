@@ -40,13 +40,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from common import real_batches  # noqa: E402
+from common import open_first_round, real_batches  # noqa: E402
 
-from bsi.config import make_config  # noqa: E402
 from bsi.method.curvature import GradientOnly, curvature_source, evaluation_mode  # noqa: E402
-from bsi.method.engine import Compressor  # noqa: E402
 from bsi.method.scores import SCORES  # noqa: E402
-from bsi.models import load_model_and_tokenizer  # noqa: E402
 from bsi.pipeline.losses import answer_token_loss  # noqa: E402
 
 
@@ -130,21 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    config = make_config(args.preset, {"model": args.model})
+    first = open_first_round(args.model, args.preset)
+    config, compressor, model = first.config, first.compressor, first.compressor.model
     comp = config.compress
     per_half = args.batches_per_half or comp.profiling_iters
     if args.gradient_z is None:
         args.gradient_z = comp.gradient_z
-    model, tokenizer = load_model_and_tokenizer(args.model, dtype=torch.float32)
-    calibration = real_batches(tokenizer, config.batch_size, config.max_length, comp.calibration_batches, seed=7)
-    profiling = real_batches(tokenizer, config.batch_size, config.max_length, 4 * per_half + 2, seed=123)
-    compressor = Compressor(model, iter(calibration), comp, answer_token_loss)
-    for _ in compressor.convert():
-        pass
-    stats = compressor._open_round()
-    names = compressor.names
-    layers = [compressor.layers[n] for n in names]
-    pools = [stats[n].pool for n in names]
+    profiling = real_batches(first.tokenizer, config.batch_size, config.max_length, 4 * per_half + 2, seed=123)
+    layers, pools = first.layers, first.pools
     sigmas = [layer.sigma.detach().float().clone() for layer in layers]
     print(f"{len(layers)} layers ({comp.bases} bases), {sum(p.numel() for p in pools):,} pool bases of "
           f"{sum(layer.rank for layer in layers):,}; {per_half} batch(es) per half", file=sys.stderr)

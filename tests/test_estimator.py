@@ -2,6 +2,7 @@ import pytest
 import torch
 from torch import nn
 
+from bsi.method import curvature
 from bsi.method.curvature import hessian_vector_product, profile_batch, sigma_gradients
 from bsi.method.layers import BasisLinear
 
@@ -131,3 +132,39 @@ def test_averaged_center_gradient_matches_exact_gradient_and_hessian(toy):
     assert not torch.equal(g_avg, g_exact)  # it really is a different computation
     torch.testing.assert_close(torch.cat(avg.hessians), torch.cat(exact.hessians))  # same probes, same estimate
     assert avg.loss == pytest.approx(exact.loss, rel=1e-4)
+
+
+def toy_logits(model, batch):
+    return model(batch["x"])  # (N, V): the logits toy_loss averages its cross-entropy over
+
+
+def test_library_hessian_diagonal_matches_the_full_hessian(toy):
+    model, layers, batch, pools = toy
+    picked = [pool[::2] for pool in pools]
+    diagonal = curvature.exact_hessian_diagonal(model, layers, picked, batch, toy_loss)
+    full = exact_hessian_diagonal(model, layers, batch).split([layer.rank for layer in layers])
+    for d, f, pos in zip(diagonal, full, picked):
+        assert d.dtype == torch.float64 and d.shape == pos.shape
+        torch.testing.assert_close(d.float(), f[pos], rtol=1e-5, atol=1e-7)
+
+
+def test_gauss_newton_diagonal_against_jacobian_and_hessian(toy):
+    """G = J^T (diag p - p p^T) J / N from the full Jacobian; G = H where the logits are linear in sigma."""
+    model, layers, batch, pools = toy
+    gauss_newton = curvature.exact_gauss_newton_diagonal(model, layers, pools, batch, toy_logits)
+    hessian = curvature.exact_hessian_diagonal(model, layers, pools, batch, toy_loss)
+    # the output layer: logits are linear in its sigma, so the Hessian *is* the Gauss-Newton matrix
+    torch.testing.assert_close(gauss_newton[-1], hessian[-1], rtol=1e-4, atol=1e-8)
+    # the first layer, through a tanh: from the full Jacobian, and different from the Hessian
+    sigma = layers[0].sigma.detach().double()
+    double = toy_model().double()
+    jacobian = torch.autograd.functional.jacobian(
+        lambda s: torch.func.functional_call(double, {"0.sigma": s}, (batch["x"].double(),)), sigma)  # (N, V, r)
+    probs = torch.softmax(toy_logits(double, batch | {"x": batch["x"].double()}), dim=-1).detach()  # (N, V)
+    curvature_in_logits = torch.diag_embed(probs) - probs[:, :, None] * probs[:, None, :]  # (N, V, V)
+    expected = torch.einsum("nvr,nvw,nwr->r", jacobian, curvature_in_logits, jacobian) / probs.shape[0]  # (r,)
+    torch.testing.assert_close(gauss_newton[0], expected, rtol=1e-4, atol=1e-8)
+    assert bool((gauss_newton[0] >= 0).all())
+    assert float((gauss_newton[0] - hessian[0]).norm()) > 1e-3 * float(hessian[0].norm())
+    # the parameters are back: sigma is a trainable parameter again
+    assert isinstance(layers[0].sigma, nn.Parameter) and layers[0].sigma.requires_grad

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 
 from bsi.errors import BSIError
 from bsi.method.layers import BasisLinear, SigmaGradientRecorder
@@ -176,6 +177,72 @@ def exact_hessian(model: nn.Module, layer: BasisLinear, batch: dict, loss_fn: Lo
             columns.append(column.detach()[positions.to(column.device)].double().cpu())  # (k,)
     hessian = torch.stack(columns, dim=1)  # (k, k)
     return 0.5 * (hessian + hessian.T)
+
+
+def exact_hessian_diagonal(model: nn.Module, layers: Sequence[BasisLinear], positions: Sequence[torch.Tensor],
+                           batch: dict, loss_fn: LossFn) -> list[torch.Tensor]:
+    """The exact Hessian diagonal ``d2 l / d sigma_i^2`` at ``positions`` (k_l,) of each layer, float64.
+
+    One forward and one ``create_graph`` backward for all the layers, then
+    one second-order backward per coefficient (the ``i``-th entry of
+    ``H e_i``). The ground truth the curvature sources are measured against
+    when a whole Hessian (:func:`exact_hessian`) is too large.
+    """
+    with evaluation_mode(model), eager_attention(model):
+        loss = loss_fn(model, batch)
+        grads = torch.autograd.grad(loss, [layer.sigma for layer in layers], create_graph=True)
+        out = []
+        for layer, grad, pos in zip(layers, grads, positions):
+            values = [torch.autograd.grad(grad[j], [layer.sigma], retain_graph=True)[0][j].detach()
+                      for j in torch.as_tensor(pos).tolist()]
+            out.append(torch.stack(values).double().cpu() if values else torch.zeros(0, dtype=torch.float64))
+    return out
+
+
+@contextmanager
+def dual_sigma(layer: BasisLinear, tangent: torch.Tensor):
+    """Inside a ``forward_ad.dual_level``: the layer's sigma carries ``tangent`` (r,) as its forward derivative."""
+    parameter = layer._parameters.pop("sigma")
+    try:
+        layer.sigma = forward_ad.make_dual(parameter.detach(), tangent.to(parameter))  # a plain attribute inside
+        yield
+    finally:
+        del layer.sigma
+        layer.register_parameter("sigma", parameter)
+
+
+def exact_gauss_newton_diagonal(model: nn.Module, layers: Sequence[BasisLinear], positions: Sequence[torch.Tensor],
+                                batch: dict, logits_fn: Callable[[nn.Module, dict], torch.Tensor]
+                                ) -> list[torch.Tensor]:
+    """The exact Gauss-Newton diagonal of a mean cross-entropy at ``positions`` (k_l,) of each layer, float64.
+
+    ``logits_fn(model, batch)`` gives the ``(N, V)`` logits the loss averages
+    its ``N`` cross-entropy terms over. With ``p_t = softmax(z_t)`` and the
+    forward-mode derivative ``J_t = d z_t / d sigma_i`` (V,), one pass per
+    coefficient::
+
+        G_ii = (1/N) sum_t [ sum_k p_tk J_tk^2 - (sum_k p_tk J_tk)^2 ]
+
+    the Hessian of the cross-entropy in the logits, ``diag(p) - p p^T``, seen
+    through the network's Jacobian. It is non-negative, it is what
+    ``mc-fisher`` estimates without bias, and it equals the Hessian diagonal
+    wherever the logits are linear in ``sigma_i`` (the output layer).
+    """
+    out = []
+    with evaluation_mode(model), eager_attention(model), torch.no_grad():
+        probs = torch.softmax(logits_fn(model, batch).double(), dim=-1)  # (N, V)
+        count = probs.shape[0]
+        for layer, pos in zip(layers, positions):
+            values = []
+            for j in torch.as_tensor(pos).tolist():
+                tangent = torch.zeros_like(layer.sigma)  # (r,)
+                tangent[j] = 1.0
+                with forward_ad.dual_level(), dual_sigma(layer, tangent):
+                    jac = forward_ad.unpack_dual(logits_fn(model, batch)).tangent.double()  # (N, V)
+                mean = (probs * jac).sum(dim=-1)  # (N,)
+                values.append(((probs * jac.square()).sum(dim=-1) - mean.square()).sum() / count)
+            out.append(torch.stack(values).cpu() if values else torch.zeros(0, dtype=torch.float64))
+    return out
 
 
 # ------------------------------------------------------------------ sources
