@@ -309,6 +309,13 @@ class Compressor:
         self.optimizer.zero_grad(set_to_none=True)
         return StepReport("train", self.iteration, total, float(loss.detach()), self._elapsed(), skipped=not finite)
 
+    def _empty_stats(self, pools: dict[str, torch.Tensor]) -> dict[str, _LayerStats]:
+        """Zero gradient, curvature and variance sums (r,) float32 per layer, with the given pools."""
+        def zeros(n: str) -> torch.Tensor:
+            return torch.zeros_like(self.layers[n].sigma, dtype=torch.float32)
+
+        return {n: _LayerStats(zeros(n), zeros(n), pools[n], zeros(n)) for n in self.names}
+
     def _add_tuning_statistics(self, recorder: SigmaGradientRecorder, batch: dict) -> None:
         """Add a tuning step's per-example sigma-gradients to the round's sums (before sigma moves).
 
@@ -319,14 +326,12 @@ class Compressor:
         fisher = self.score.needs_curvature and self.source.name == "fisher"
         count = self.loss_fn.count(batch) if fisher else 0
         if self._tuning is None:
-            zeros = lambda n: torch.zeros_like(self.layers[n].sigma, dtype=torch.float32)  # noqa: E731
-            self._tuning = {n: _LayerStats(zeros(n), zeros(n), torch.empty(0, dtype=torch.long), zeros(n))
-                            for n in self.names}
+            self._tuning = self._empty_stats({n: torch.empty(0, dtype=torch.long) for n in self.names})
             self._tuning_batches = [0, 0]
         for n in self.names:
             layer, stats = self.layers[n], self._tuning[n]
             squares = recorder.squares(layer).float()
-            stats.grad.add_(recorder.sums.get(id(layer), torch.zeros_like(squares)).float())
+            stats.grad.add_(recorder.gradient(layer).float())
             stats.grad_squares.add_(squares)
             if fisher:
                 stats.curvature.add_(squares * count)
@@ -391,8 +396,7 @@ class Compressor:
             rho = widen_pools(rho, lambda r: {n: p.cpu() for n, p in self._pools(r).items()}, self.shapes(), *budget)
         pools = self._pools(rho)
         self._profiled = self._curvature_batches = 0
-        zeros = lambda n: torch.zeros_like(self.layers[n].sigma, dtype=torch.float32)  # noqa: E731
-        stats = {n: _LayerStats(zeros(n), zeros(n), pools[n], zeros(n)) for n in self.names}
+        stats = self._empty_stats(pools)
         if self._tuning is not None:  # score_window round: start from the tuning steps' sums
             for n in self.names:
                 tuned = self._tuning[n]

@@ -281,6 +281,10 @@ class SigmaGradientRecorder:
         """``sum_b g_b**2`` of ``layer`` since the last reset (zeros if it saw no backward), (r,)."""
         return self.square_sums.get(id(layer), torch.zeros_like(layer.sigma.detach()))
 
+    def gradient(self, layer: BasisLinear) -> torch.Tensor:
+        """``sum_b g_b`` of ``layer`` since the last reset, the batch's dl/dsigma (zeros if no backward), (r,)."""
+        return self.sums.get(id(layer), torch.zeros_like(layer.sigma.detach()))
+
 
 class LowRankLinear(nn.Module):
     """The exported form of a compressed layer: ``y = (x B^T) A^T + b``.

@@ -323,5 +323,5 @@ def schedule_note(config: dict) -> str:
     window = "every batch of a round" if comp.score_window == "round" else "the profiling batches"
     return (f"Engine methods (basel, bsi-grad, bsi): {comp.bases} bases, {comp.rounds} rounds of {comp.round_length} "
             f"iterations, the last {comp.profiling_iters} of each profiling ({curvature}; {selection}; bsi scores "
-            f"{window}, first-order terms kept beyond {comp.gradient_z:g} standard errors). Every method: {recover['steps']} recovery steps training "
-            f"{recover.get('train', 'sigma')}{distill}.")
+            f"{window}, first-order terms kept beyond {comp.gradient_z:g} standard errors). "
+            f"Every method: {recover['steps']} recovery steps training {recover.get('train', 'sigma')}{distill}.")
