@@ -114,8 +114,26 @@ def test_sweep_flags_and_config_file_set_the_shared_schedule(tmp_path, isolated_
         in (out / "results.md").read_text()
 
 
+def test_truncation_baselines_recover_with_their_own_steps_and_lr(tmp_path, isolated_cache):
+    """``--baseline-recover-*`` changes the truncation cells' recovery only, and the sweep says so."""
+    out = tmp_path / "s"
+    own = BaselineConfig(recover_steps=2, recover_lr=1e-2)
+    sweep = Sweep(tiny_config(), ["svd", "basel"], [0.5], out, own, speed_repeats=0)
+    assert (sweep.config_for("svd", 0.5).recover.steps, sweep.config_for("svd", 0.5).recover.lr) == (2, 1e-2)
+    shared = tiny_config().recover
+    assert sweep.config_for("basel", 0.5).recover == shared and shared.steps == 4
+    starts = [r.detail for r in sweep.run() if isinstance(r, StageReport) and r.stage == "recover" and r.event == "start"]
+    assert starts == ["2 steps, training factors", "4 steps, training factors"]  # svd's cell, then basel's
+    assert "the truncation baselines (svd, svd-llm, fwsvd, asvd) instead: 2 steps at lr 0.01" in (out / "results.md").read_text()
+    with pytest.raises(Exception, match="other settings"):  # another baseline recovery is another sweep
+        Sweep(tiny_config(), ["svd"], [0.5], out, BaselineConfig(recover_steps=3))
+    Sweep(tiny_config(), ["svd"], [0.5], out, own)  # the same one resumes
+
+
 @pytest.mark.parametrize("args, message", [
     (["--methods", "svd,pca"], "unknown method 'pca'"),
+    (["--baseline-recover-lr", "-1"], "the baselines' recover_lr must be positive"),
+    (["--baseline-recover-steps", "-2"], "the baselines' recover_steps must be an integer >= 0"),
     (["--targets", "0.5,1.5"], "--targets must be numbers in (0, 1]"),
     (["--targets", "0.5,0.5"], "duplicates"),
 ])

@@ -27,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=0.5, help="ASVD exponent")
     p.add_argument("--allocation", default="uniform", choices=("uniform", "sensitivity"),
                    help="rank allocation of the SVD family")
+    p.add_argument("--baseline-recover-steps", type=int, default=None,
+                   help="recovery steps of the truncation baselines (svd, svd-llm, fwsvd, asvd) when they should "
+                        "differ from --recover-steps: they start far from the task (default: the shared value)")
+    p.add_argument("--baseline-recover-lr", type=float, default=None,
+                   help="peak recovery learning rate of the truncation baselines (default: the shared --recover-lr)")
     p.add_argument("--speed-tokens", type=int, default=32, help="new tokens per speed timing")
     p.add_argument("--speed-repeats", type=int, default=3, help="speed timings per model (0: skip speed)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -39,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from bsi.progress import ProgressPrinter
 
     sweep = Sweep(build_config(args), parse_methods(args.methods), parse_targets(args.targets), args.out,
-                  BaselineConfig(alpha=args.alpha, allocation=args.allocation),
+                  BaselineConfig(alpha=args.alpha, allocation=args.allocation,
+                                 recover_steps=args.baseline_recover_steps, recover_lr=args.baseline_recover_lr),
                   speed_tokens=args.speed_tokens, speed_repeats=args.speed_repeats)
     speaks = sweep.dist.is_main  # under several processes, the first one prints
     printer = ProgressPrinter(enabled=not args.quiet and speaks)

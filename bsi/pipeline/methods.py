@@ -70,12 +70,24 @@ class BaselineConfig:
             evaluation per layer and share, slow on big models).
         sensitivity_shares: the shares of a layer's size tried by ``sensitivity``.
         sensitivity_batches: batches the sensitivity loss is measured on.
+        recover_steps, recover_lr: in a sweep, the truncation baselines'
+            recovery steps and peak learning rate when they should differ
+            from the shared ``recover`` section (None: the shared value).
+            A one-shot truncation starts its recovery far from the task,
+            where the engine methods (gradual, re-tuned between rounds) start
+            close to it: on the embedded task at 0.6, plain SVD starts at
+            loss 12.0 and reaches 6.5 after 8 steps at 2e-5, 2.0 after 32
+            steps at 1e-4 and 0.87 after 64 (accuracy 0%, 2%, 8% of 50),
+            while an lr fit for it costs the engine methods accuracy
+            (docs/benchmarks.md).
     """
 
     alpha: float = 0.5
     allocation: str = "uniform"
     sensitivity_shares: tuple[float, ...] = (0.1, 0.2, 0.35, 0.5, 0.7, 0.9)
     sensitivity_batches: int = 2
+    recover_steps: int | None = None
+    recover_lr: float | None = None
 
     def __post_init__(self) -> None:
         self.sensitivity_shares = tuple(float(s) for s in self.sensitivity_shares)
@@ -87,6 +99,14 @@ class BaselineConfig:
             raise BSIError(f"sensitivity_shares must be values in (0, 1], got {self.sensitivity_shares}")
         if self.sensitivity_batches < 1:
             raise BSIError(f"sensitivity_batches must be >= 1, got {self.sensitivity_batches}")
+        if self.recover_steps is not None and not (isinstance(self.recover_steps, int) and self.recover_steps >= 0):
+            raise BSIError(f"the baselines' recover_steps must be an integer >= 0, got {self.recover_steps}")
+        if self.recover_lr is not None and not self.recover_lr > 0:
+            raise BSIError(f"the baselines' recover_lr must be positive, got {self.recover_lr}")
+
+    def recover_overrides(self) -> dict[str, Any]:
+        """The ``recover`` fields a truncation baseline's cell overrides (empty: the shared recovery)."""
+        return {k: v for k, v in (("steps", self.recover_steps), ("lr", self.recover_lr)) if v is not None}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

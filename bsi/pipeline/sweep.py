@@ -133,8 +133,9 @@ class Sweep:
 
     def fingerprint(self) -> str:
         """Hash of everything except the grid: rows with another fingerprint belong to another sweep."""
+        baseline = {k: v for k, v in self.baseline.to_dict().items() if v is not None}  # unset: as before they existed
         settings = {"config": self.config.to_dict() | {"compress": None}, "compress": self._shared_compress(),
-                    "baseline": self.baseline.to_dict(), "version": 1}
+                    "baseline": baseline, "version": 1}
         return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
     def _shared_compress(self) -> dict:
@@ -181,9 +182,12 @@ class Sweep:
     def config_for(self, method: str, target: float) -> PipelineConfig:
         comp: dict[str, Any] = {"target_ratio": target, "size_mode": "target"}
         score = getattr(get_method(method), "score", None)
+        cell: dict[str, Any] = {"compress": comp}
         if score is not None:
             comp["score"] = score
-        return PipelineConfig.from_dict(deep_update(self.config.to_dict(), {"compress": comp}))
+        else:  # a truncation baseline: its own recovery, where one is set
+            cell["recover"] = self.baseline.recover_overrides()
+        return PipelineConfig.from_dict(deep_update(self.config.to_dict(), cell))
 
     def _row(self, method: str, target: float, summary: dict, speeds: dict) -> dict:
         after = summary.get("metrics_after") or {}
@@ -299,7 +303,7 @@ def results_table(rows: Sequence[dict], methods: Sequence[str] | None = None) ->
         notes.append(f"Model `{cfg.get('model')}` on `{cfg.get('data')}`, preset `{cfg.get('preset')}`, "
                      f"seed {ref.get('seed')}, {ref.get('examples')} test examples.")
         if cfg.get("compress"):
-            notes.append(schedule_note(cfg))
+            notes.append(schedule_note(cfg, ref.get("settings", {}).get("baseline")))
     notes.append("`target`: parameters of the compressible layers after / before; `compression`: whole model "
                  "before / after. Speed is decode speed, measured side by side with the dense model (greedy, "
                  "batch 1, median): `ms/token` is the time of one more token once the prompt is processed, "
@@ -307,8 +311,8 @@ def results_table(rows: Sequence[dict], methods: Sequence[str] | None = None) ->
     return "\n".join(notes) + "\n\n" + "\n".join(lines) + "\n"
 
 
-def schedule_note(config: dict) -> str:
-    """One sentence on the engine methods' schedule and the recovery stage of a sweep's config dict."""
+def schedule_note(config: dict, baseline: dict | None = None) -> str:
+    """One sentence on the engine methods' schedule and the recovery stage of a sweep's config and baseline dicts."""
     comp = CompressConfig.from_dict(config["compress"])
     recover = config["recover"]
     if comp.curvature == "hutchinson":
@@ -324,4 +328,15 @@ def schedule_note(config: dict) -> str:
     return (f"Engine methods (basel, bsi-grad, bsi): {comp.bases} bases, {comp.rounds} rounds of {comp.round_length} "
             f"iterations, the last {comp.profiling_iters} of each profiling ({curvature}; {selection}; bsi scores "
             f"{window}, first-order terms kept beyond {comp.gradient_z:g} standard errors). "
-            f"Every method: {recover['steps']} recovery steps training {recover.get('train', 'sigma')}{distill}.")
+            f"Every method: {recover['steps']} recovery steps training {recover.get('train', 'sigma')}{distill}"
+            f"{baseline_recovery_note(baseline or {}, recover)}.")
+
+
+def baseline_recovery_note(baseline: dict, recover: dict) -> str:
+    """``"; the truncation baselines (svd, ...) instead: 64 steps at lr 0.0001"`` when theirs differs, else ``""``."""
+    steps, lr = baseline.get("recover_steps"), baseline.get("recover_lr")
+    if steps is None and lr is None:
+        return ""
+    names = ", ".join(name for name, method in METHODS.items() if getattr(method, "score", None) is None)
+    return (f"; the truncation baselines ({names}) instead: {recover['steps'] if steps is None else steps}"
+            f" steps at lr {recover['lr'] if lr is None else lr:g}")
