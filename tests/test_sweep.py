@@ -130,6 +130,25 @@ def test_truncation_baselines_recover_with_their_own_steps_and_lr(tmp_path, isol
     Sweep(tiny_config(), ["svd"], [0.5], out, own)  # the same one resumes
 
 
+def test_sweep_settings_come_from_the_preset_unless_a_flag_gives_them():
+    """``bsi sweep --preset sweep-cpu`` is the short CPU sweep: its grid and the baselines' recovery come with it."""
+    from bsi.cli import build_parser
+    from bsi.cli.sweep import given_or_preset
+    from bsi.config import SWEEP_TARGETS
+
+    def settings(*flags):
+        return given_or_preset(build_parser().parse_args(["sweep", "--out", "x", *flags]))
+
+    assert settings("--preset", "sweep-cpu") == {"targets": "0.6,0.4,0.25", "baseline_recover_steps": 64,
+                                                 "baseline_recover_lr": 1e-4}
+    assert settings("--preset", "sweep-cpu", "--targets", "0.5", "--baseline-recover-steps", "3") == {
+        "targets": "0.5", "baseline_recover_steps": 3, "baseline_recover_lr": 1e-4}
+    general = {"targets": ",".join(map(str, SWEEP_TARGETS)), "baseline_recover_steps": None,
+               "baseline_recover_lr": None}
+    assert settings() == general and settings("--preset", "smoke") == general
+    assert settings("--config", "any.json") == general  # a config file names no preset
+
+
 @pytest.mark.parametrize("args, message", [
     (["--methods", "svd,pca"], "unknown method 'pca'"),
     (["--baseline-recover-lr", "-1"], "the baselines' recover_lr must be positive"),

@@ -234,11 +234,14 @@ def add_presets(p: argparse.ArgumentParser) -> None:
 
 
 def run_presets(args: argparse.Namespace) -> int:
-    from bsi.config import PRESETS, make_config
+    from bsi.config import PRESETS, SWEEP_PRESETS, make_config
 
     if args.name:
         print(make_config(args.name).to_json())
+        if args.name in SWEEP_PRESETS:
+            print(f"bsi sweep adds: {json.dumps(SWEEP_PRESETS[args.name])}", file=sys.stderr)
     else:
         for name, values in PRESETS.items():
-            print(f"{name}: {json.dumps(values)}")
+            extra = f"; bsi sweep adds {json.dumps(SWEEP_PRESETS[name])}" if name in SWEEP_PRESETS else ""
+            print(f"{name}: {json.dumps(values)}{extra}")
     return 0

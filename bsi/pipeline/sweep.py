@@ -51,7 +51,6 @@ from bsi.reports import DoneReport, StageReport
 from bsi.analysis.figures import results_figure  # drawn in bsi.analysis.figures, re-exported here
 from bsi.analysis.speed import measure_speeds
 
-DEFAULT_TARGETS = (0.8, 0.6, 0.4, 0.25, 0.15)
 REFERENCE = "dense"
 
 

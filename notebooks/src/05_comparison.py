@@ -32,9 +32,14 @@ display(Markdown(bsi.pipeline.methods.__doc__.split("Add a method")[0]))
 # A small grid, sized for a CPU: a few methods at a few target sizes (the share
 # of the compressible layers' parameters left), from the library's `sweep-cpu`
 # preset with fewer test questions. Its stage 1 is the `default` preset's, as in
-# notebook 03, so the cached task fine-tune is shared. For the full grid of all
-# methods and five sizes, with generation speeds, run
+# notebook 03, so the cached task fine-tune is shared. For the full grid (all
+# seven methods at 0.6, 0.4 and 0.25, the one-shot truncations with a longer
+# recovery of their own, generation speeds; about an hour on 2 cores), run
 # `bsi sweep --preset sweep-cpu --out runs/sweep` (it resumes if interrupted).
+# Here every method gets the preset's short shared recovery, so a one-shot
+# truncation of the plain SVD (`svd`), which starts its recovery far from the
+# task, answers almost nothing; the engine methods prune gradually and start
+# close.
 #
 # `Pipeline.reference_stage()` loads the model, fine-tunes it (or reads the cache)
 # and evaluates it once; every method's pipeline below is given these metrics
