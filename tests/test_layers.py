@@ -74,8 +74,18 @@ def test_low_rank_export_matches_basis_layer_and_sizes():
     assert low.rank == 7
     assert layer.factor_parameters() == 7 * 50 + 20
     assert layer.stored_parameters() == min(7 * 50 + 20, 30 * 20 + 20)
-    dense = layer.to_linear()
-    torch.testing.assert_close(dense(x), layer(x), atol=1e-5, rtol=1e-5)
+    for dense in (layer.to_linear(), low.to_linear()):  # both forms merge back into the same dense layer
+        assert type(dense) is nn.Linear and dense.bias is not None
+        torch.testing.assert_close(dense(x), layer(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_merged_layers_keep_the_factors_dtype(bias):
+    layer = BasisLinear.from_linear(nn.Linear(16, 8, bias=bias).to(torch.bfloat16), aux_rank=2)
+    for form in (layer, LowRankLinear.from_basis(layer)):
+        dense = form.to_linear()
+        assert dense.weight.dtype == torch.bfloat16 and (dense.bias is not None) == bias
+        torch.testing.assert_close(dense.weight.float(), form.dense_weight(), atol=0.05, rtol=0.02)
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -61,7 +61,37 @@ def break_even_rank(in_features: int, out_features: int, aux_rank: int = 0) -> f
     return in_features * out_features / (in_features + out_features) - aux_rank
 
 
-class BasisLinear(nn.Module):
+class FactoredLinear(nn.Module):
+    """What the two factored forms share: a dense weight they stand for, and merging back into ``nn.Linear``.
+
+    A subclass sets ``in_features``, ``out_features`` and ``bias`` (a
+    parameter or None), defines :meth:`dense_weight`, and names in
+    ``STORAGE`` the factor whose dtype and device the merged layer takes.
+    """
+
+    STORAGE = ""  # the parameter whose dtype and device the dense layer gets
+
+    in_features: int
+    out_features: int
+    bias: nn.Parameter | None
+
+    def dense_weight(self) -> torch.Tensor:
+        """The dense weight ``W`` (out, in), fp32, that this layer computes ``x W^T + b`` with."""
+        raise NotImplementedError
+
+    def to_linear(self) -> nn.Linear:
+        """Merge back into a plain dense ``nn.Linear`` (same outputs up to rounding)."""
+        storage = getattr(self, self.STORAGE)
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                           dtype=storage.dtype, device=storage.device)
+        with torch.no_grad():
+            linear.weight.copy_(self.dense_weight())
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear
+
+
+class BasisLinear(FactoredLinear):
     """A linear layer re-parameterised as learnable coefficients over fixed bases.
 
     Build one from an existing ``nn.Linear`` with :meth:`from_linear`. While
@@ -71,6 +101,7 @@ class BasisLinear(nn.Module):
 
     TRAINABLE_PARAMETERS = ("sigma", "aux_u", "aux_v")
     FROZEN_PARAMETERS = ("U", "V", "bias")
+    STORAGE = "U"
 
     def __init__(
         self,
@@ -164,16 +195,6 @@ class BasisLinear(nn.Module):
         if self.aux_rank:
             w = w + self.aux_u.detach().float() @ self.aux_v.detach().float().T
         return w
-
-    def to_linear(self) -> nn.Linear:
-        """Merge back into a plain dense ``nn.Linear`` (same outputs)."""
-        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
-                           dtype=self.U.dtype, device=self.U.device)
-        with torch.no_grad():
-            linear.weight.copy_(self.dense_weight())
-            if self.bias is not None:
-                linear.bias.copy_(self.bias)
-        return linear
 
     # ---------------------------------------------------------------- pruning
     @torch.no_grad()
@@ -286,13 +307,15 @@ class SigmaGradientRecorder:
         return self.sums.get(id(layer), torch.zeros_like(layer.sigma.detach()))
 
 
-class LowRankLinear(nn.Module):
+class LowRankLinear(FactoredLinear):
     """The exported form of a compressed layer: ``y = (x B^T) A^T + b``.
 
     ``A`` is (out, k) and ``B`` is (k, in); it is what a `BasisLinear` becomes
     on export (``A = [U diag(sigma), U_aux]``, ``B = [V, V_aux]^T``), a plain
     two-matmul layer whose factors can be fine-tuned directly.
     """
+
+    STORAGE = "A"
 
     def __init__(self, in_features: int, out_features: int, rank: int, bias: bool,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
@@ -328,16 +351,6 @@ class LowRankLinear(nn.Module):
     def dense_weight(self) -> torch.Tensor:
         """``A B``, (out, in), fp32."""
         return self.A.detach().float() @ self.B.detach().float()
-
-    def to_linear(self) -> nn.Linear:
-        """Multiply the factors back into a plain dense ``nn.Linear`` (same outputs up to rounding)."""
-        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
-                           dtype=self.A.dtype, device=self.A.device)
-        with torch.no_grad():
-            linear.weight.copy_(self.dense_weight())
-            if self.bias is not None:
-                linear.bias.copy_(self.bias)
-        return linear
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"
