@@ -39,7 +39,7 @@ def main(argv=None) -> None:
     from transformers.utils import logging as hf_logging
 
     from bsi.app import build_app
-    from bsi.app.compress import MAX_UPLOAD_BYTES
+    from bsi.app.form import MAX_UPLOAD_BYTES
     from bsi.app.layout import startup_lines
 
     hf_logging.disable_progress_bar()  # the app shows progress itself; the console stays readable

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from common import machine, open_first_round, real_batches  # noqa: E402
 
-from bsi.analysis.spectrum import layer_block  # noqa: E402
+from bsi.method.names import layer_block  # noqa: E402
 from bsi.errors import BSIError  # noqa: E402
 from bsi.method.curvature import (  # noqa: E402
     curvature_source,

@@ -9,7 +9,7 @@ here, as small functions with tests:
   ``BSI_NOTEBOOK_MODEL`` environment variable (unset: the embedded model with
   settings that run in a few minutes on a laptop CPU; ``tiny-random-llama``:
   seconds, for CI). The pipeline runs start from the library's presets.
-* tables: :func:`rank_table`, :func:`rank_history`, :func:`block_index`,
+* tables: :func:`rank_table`, :func:`rank_history`, :func:`block_index` (:func:`bsi.method.names.layer_block`),
   :func:`summary_row`;
 * one layer: :func:`truncation_errors` (the output error of keeping the first
   k bases, on inputs of a given second moment), :func:`profile_rows` (a
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import re
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,11 +31,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from bsi.analysis.spectrum import layer_kind
 from bsi.config import PipelineConfig, deep_update, make_config
 from bsi.errors import BSIError
 from bsi.method.curvature import LossFn, evaluation_mode, profile_batch, shifted_sigma
 from bsi.method.layers import BasisLinear, LowRankLinear, stored_cost
+from bsi.method.names import layer_block as block_index  # the notebooks' name for it
+from bsi.method.names import layer_kind
 from bsi.method.surgery import Bases, tied_output_names
 from bsi.models import EMBEDDED_MODEL, TINY_MODEL
 from bsi.reports import RoundReport
@@ -118,12 +118,6 @@ def notebook_settings(environ: Mapping[str, str] | None = None) -> NotebookSetti
 
 
 # --------------------------------------------------------------------- tables
-def block_index(name: str) -> int | None:
-    """The transformer block a layer sits in (``...layers.3...`` -> 3), or None outside the blocks."""
-    match = re.search(r"\.(?:layers|h|blocks)\.(\d+)\.", f".{name}.")
-    return int(match.group(1)) if match else None
-
-
 def rank_table(model: nn.Module) -> list[dict[str, Any]]:
     """One row per compressible layer: shape, full and current rank, stored and dense parameters (biases aside).
 

@@ -25,7 +25,7 @@ import torch
 
 from bsi.analysis import figures
 from bsi.app import chat, compare, inspect, spectra
-from bsi.app.compress import KNOBS, RATIOS, Form, build_config, checkpoint_progress, eps_rule_text, validate_upload
+from bsi.app.form import KNOBS, RATIOS, Form, build_config, checkpoint_progress, eps_rule_text, validate_upload
 from bsi.app.format import in_app_words, number_text, significant
 from bsi.app.job import cancel_job, run_job
 from bsi.app.layout import startup_lines

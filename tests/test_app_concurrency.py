@@ -28,7 +28,7 @@ import pytest
 from conftest import smoke_app
 import torch
 
-from bsi.app.compress import Form
+from bsi.app.form import Form
 from bsi.app.job import run_job
 from bsi.app.state import JobBoard, Session, Visitors
 from bsi.config import PRESETS

@@ -21,7 +21,7 @@ import re
 import pytest
 import torch
 
-from bsi.app import compress
+from bsi.app import form as app_form
 from bsi.config import make_config
 from bsi.errors import BSIError
 from bsi.models import TINY_MODEL, load_model_and_tokenizer
@@ -49,23 +49,23 @@ def test_app_upload_messages(name, data, words, tmp_path):
     upload = tmp_path / "gradio-tmp-3f9a" / name
     upload.parent.mkdir()
     upload.write_bytes(data)
-    message = compress.upload_message(str(upload))
+    message = app_form.upload_message(str(upload))
     assert message.startswith("Error: ") and "\n" not in message and len(message) < 300, message
     assert words in message and name in message, message
     assert str(upload.parent) not in message  # the server's temporary folder stays private
-    form = compress.Form.for_preset("smoke")
+    form = app_form.Form.for_preset("smoke")
     form.data_source, form.data_file = "upload", str(upload)
     with pytest.raises(BSIError, match=re.escape(words)):
-        compress.build_config(form)  # Start refuses it too, before taking the board
+        app_form.build_config(form)  # Start refuses it too, before taking the board
 
 
 def test_app_upload_size_limit_and_good_file(tmp_path, monkeypatch):
     good = tmp_path / "Good.JSONL"
     good.write_bytes(GOOD * 3)
-    assert compress.upload_message(str(good)) == "OK: 3 examples in Good.JSONL"
-    assert compress.upload_message(None) == ""
-    monkeypatch.setattr(compress, "MAX_UPLOAD_BYTES", len(GOOD) * 2)
-    message = compress.upload_message(str(good))
+    assert app_form.upload_message(str(good)) == "OK: 3 examples in Good.JSONL"
+    assert app_form.upload_message(None) == ""
+    monkeypatch.setattr(app_form, "MAX_UPLOAD_BYTES", len(GOOD) * 2)
+    message = app_form.upload_message(str(good))
     assert message.startswith("Error: ") and "Good.JSONL" in message and "the limit is" in message
 
 

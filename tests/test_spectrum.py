@@ -12,6 +12,7 @@ from bsi.errors import BSIError
 from bsi.data import BatchStream, load_task
 from bsi.method.curvature import eager_attention, hessian_vector_product, profile_batch, sigma_gradients
 from bsi.method.layers import BasisLinear
+from bsi.method.names import layer_block, layer_kind
 from bsi.models import build_tiny_model, load_model_and_tokenizer
 from bsi.method.surgery import to_basis_form
 from bsi.pipeline.losses import answer_token_loss
@@ -148,11 +149,11 @@ def test_layer_selection_by_name_pattern_and_index():
         "model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"]
     assert spectrum.select_layers(model, ["*.layers.1.*_proj@0"]) == ["model.layers.1.self_attn.q_proj"]
     default = spectrum.select_layers(model)  # the last layer of each kind: the cheapest to differentiate twice
-    assert [spectrum.layer_kind(n) for n in default] == [
+    assert [layer_kind(n) for n in default] == [
         "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "lm_head"]
-    assert {spectrum.layer_block(n) for n in default} == {1, None}
-    assert spectrum.layer_block("model.layers.12.mlp.up_proj") == 12 and spectrum.layer_block("lm_head") is None
+    assert {layer_block(n) for n in default} == {1, None}
+    assert layer_block("model.layers.12.mlp.up_proj") == 12 and layer_block("lm_head") is None
     with pytest.raises(BSIError, match="no layer matches"):
         spectrum.select_layers(model, ["nope"])
     with pytest.raises(BSIError, match="out of range"):

@@ -24,6 +24,8 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from bsi.method.names import layer_block, layer_kind
+
 LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50), height=340,
               legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
 STAGE_COLORS = {"finetune": "#7f7f7f", "train": "#1f77b4", "profile": "#ff7f0e", "recover": "#2ca02c"}
@@ -96,8 +98,6 @@ def rank_heatmap(rounds: Sequence[Any]) -> go.Figure:
     """
     if not rounds:
         return empty_figure("Ranks", "no round finished yet")
-    from bsi.analysis.spectrum import layer_block, layer_kind
-
     first = rounds[0]
     columns = [str(first.round - 1)] + [str(r.round) for r in rounds]
     panels: dict[str, dict[str, list[int]]] = {}  # kind -> row label -> ranks per column

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -50,10 +49,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bsi.analysis.figures import spectrum_figure  # re-exported: the figure's home is bsi.analysis.figures
+from bsi.analysis.figures import spectrum_figure  # SpectrumResult.save draws it; notebooks import it from here
 from bsi.errors import BSIError
 from bsi.method.curvature import eager_attention, exact_hessian
 from bsi.method.layers import BasisLinear
+from bsi.method.names import layer_kind
 from bsi.method.surgery import basis_form, tied_output_names
 from bsi.method.theory import probes_needed
 
@@ -61,17 +61,6 @@ LossFn = Callable[[nn.Module, dict], torch.Tensor]
 
 
 # --------------------------------------------------------- choosing layers
-def layer_kind(name: str) -> str:
-    """The layer's type: its name after the last block index (``model.layers.3.mlp.up_proj`` -> ``mlp.up_proj``)."""
-    return re.split(r"\.\d+\.", name)[-1]
-
-
-def layer_block(name: str) -> int | None:
-    """The block index in a layer's name (``model.layers.3.mlp.up_proj`` -> 3), or None outside the blocks."""
-    match = re.search(r"\.(\d+)\.", name)
-    return int(match.group(1)) if match else None
-
-
 def candidate_layers(model: nn.Module) -> list[str]:
     """Names of the layers whose sigma-space can be measured: linear or `BasisLinear`, not a tied output layer."""
     tied = tied_output_names(model)

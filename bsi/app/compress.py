@@ -1,326 +1,37 @@
-"""Compress tab: the form, its validation, and the tab's layout.
+"""Compress tab: the form's layout, its reactions, and Start, Resume and Cancel.
 
-The form's method inputs are *knobs* (:class:`Knob`), each bound to one field
-of the configuration: its help text, its choices and its preset value come
-from the field's metadata (:func:`bsi.config.field_help`, ``metadata["choices"]``),
-so a setting added to :mod:`bsi.config` needs one line here, not a hand-made
-list. :func:`build_config` turns the form into a validated
-:class:`~bsi.config.PipelineConfig` through :func:`bsi.config.make_config`
-(giving a ratio sets the size mode, see :func:`bsi.config.implied_updates`),
-and words every refusal with the form's own labels. The running job is
-:mod:`bsi.app.job`.
+The form itself (its inputs, their checks, the configuration they make) is
+:mod:`bsi.app.form`; the job that Start runs is :mod:`bsi.app.job`. This
+module only lays the inputs out (one per :class:`~bsi.app.form.Knob`, radio
+buttons where the field has choices) and wires the buttons to the job.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import gc
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from bsi.app.format import in_app_words, number_text
-from bsi.app.state import JobBoard, Visitors
-from bsi.config import PRESETS, CompressConfig, PipelineConfig, RecoverConfig, field_help, make_config
-from bsi.data import EMBEDDED_TASK, read_jsonl
-from bsi.errors import BSIError
-from bsi.files import check_output_dir
-from bsi.method.scores import eps_rule, fraction_bits
-from bsi.method.surgery import sigma_max
-from bsi.models import EMBEDDED_MODEL, TINY_MODEL, resolve_device, resolve_dtype
-
-MAX_UPLOAD_BYTES = 20 * 1024 * 1024
-"""Largest JSONL upload accepted (20 MB); the server also refuses bigger files."""
-
-MODEL_SOURCES = [
-    ("Embedded default: SmolLM2-135M-Instruct", "embedded"),
-    ("Tiny random Llama (seconds; for trying the app, its answers are noise)", "tiny"),
-    ("Hugging Face hub id", "hub"),
-    ("Local folder", "path"),
-]
-DATA_SOURCES = [("Embedded task: generated math word problems", "embedded"), ("Upload a JSONL file", "upload")]
-SECTIONS = {"compress": CompressConfig, "recover": RecoverConfig}
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One input of the form, bound to field ``name`` of config section ``section``."""
-
-    attr: str  # the Form attribute
-    section: str  # "compress" or "recover"
-    name: str  # the field in that section's dataclass
-    label: str
-
-    @property
-    def spec(self) -> dataclasses.Field:
-        return {f.name: f for f in dataclasses.fields(SECTIONS[self.section])}[self.name]
-
-    @property
-    def help(self) -> str:
-        return field_help(SECTIONS[self.section], self.name)
-
-    @property
-    def choices(self) -> tuple | None:
-        return self.spec.metadata.get("choices")
-
-    @property
-    def integer(self) -> bool:
-        return str(self.spec.type).startswith("int")
-
-    def value_in(self, config: PipelineConfig) -> Any:
-        return getattr(getattr(config, self.section), self.name)
-
-
-#: The method's inputs, in the order the form shows them (after the preset).
-KNOBS = (
-    Knob("size_mode", "compress", "size_mode", "Size mode"),
-    Knob("rounds", "compress", "rounds", "Rounds T"),
-    Knob("gamma", "compress", "gamma", "gamma (pool exponent)"),
-    Knob("score", "compress", "score", "Score"),
-    Knob("bases", "compress", "bases", "Bases"),
-    Knob("curvature", "compress", "curvature", "Curvature"),
-    Knob("probe_scope", "compress", "probe_scope", "Probe scope"),
-    Knob("eps", "compress", "eps", "eps (0 = the rule)"),
-    Knob("recover_train", "recover", "train", "Recovery trains"),
-    Knob("recover_distill", "recover", "distill", "Recovery distillation weight"),
+from bsi.app import job
+from bsi.app.format import in_app_words
+from bsi.app.form import (
+    DATA_SOURCES,
+    HUTCHINSON_ONLY,
+    KNOB,
+    KNOBS,
+    LABELS,
+    MAX_UPLOAD_BYTES,
+    MODEL_SOURCES,
+    RATIOS,
+    Form,
+    Knob,
+    compute_eps_rule,
+    eps_rule_text,
+    upload_message,
 )
-KNOB = {knob.attr: knob for knob in KNOBS}
-#: The ratio each size mode reads (the form's one "ratio" input writes the one that applies).
-RATIOS = {"target": Knob("size_value", "compress", "target_ratio", "Target ratio"),
-          "keep": Knob("size_value", "compress", "keep_ratio", "KeepRatio")}
-HUTCHINSON_ONLY = ("probe_scope", "eps")
-#: Configuration field -> the form's label for it (for messages, :func:`bsi.app.format.in_app_words`).
-LABELS = {knob.name: knob.label for knob in (*KNOBS, *RATIOS.values())}
-
-
-@dataclass
-class Form:
-    """The Compress tab's inputs, in the order the UI lists them (the API's argument order)."""
-
-    model_source: str = "embedded"
-    model_name: str = ""
-    trust_remote_code: bool = False
-    data_source: str = "embedded"
-    data_file: str | None = None
-    preset: str = "default"
-    size_mode: str = "target"
-    size_value: float = 0.7
-    rounds: int = 4
-    gamma: float = 1.0
-    score: str = "bsi"
-    bases: str = "whitened"
-    curvature: str = "fisher"
-    probe_scope: str = "layer"
-    eps: float = 0.0  # 0: the rule
-    recover_train: str = "factors"
-    recover_distill: float = 0.0
-    out_dir: str = ""
-
-    @classmethod
-    def for_preset(cls, preset: str) -> "Form":
-        """The form as a preset fills it (the tiny model for ``smoke``, else the embedded one)."""
-        if preset not in PRESETS:
-            raise BSIError(f"unknown preset '{preset}': use one of {', '.join(PRESETS)}")
-        config = make_config(preset)
-        values = {knob.attr: knob.value_in(config) for knob in KNOBS}
-        values["eps"] = values["eps"] or 0.0
-        model = "tiny" if PRESETS[preset].get("model") == TINY_MODEL else "embedded"
-        return cls(model_source=model, preset=preset, size_value=float(config.compress.ratio), **values)
-
-
-# ------------------------------------------------------------------ validation
-def model_spec(form: Form) -> str:
-    """The model spec :func:`bsi.models.load_model_and_tokenizer` understands."""
-    if form.model_source == "embedded":
-        return EMBEDDED_MODEL
-    if form.model_source == "tiny":
-        return TINY_MODEL
-    name = (form.model_name or "").strip()
-    if form.model_source == "hub":
-        if not name:
-            raise BSIError("Model: type a Hugging Face hub id such as HuggingFaceTB/SmolLM2-360M-Instruct")
-        return name
-    if form.model_source == "path":
-        if not name:
-            raise BSIError("Model: type the path of a local model folder")
-        path = Path(name).expanduser()
-        if not path.is_dir():
-            raise BSIError(f"Model: local folder '{name}' does not exist")
-        return str(path)
-    raise BSIError(f"Model: choose one of {', '.join(label for label, _ in MODEL_SOURCES)}")
-
-
-def validate_upload(path: str | None) -> int:
-    """Check an uploaded JSONL file; returns its number of examples.
-
-    Refuses files over :data:`MAX_UPLOAD_BYTES` and reports malformed content
-    through :func:`bsi.data.read_jsonl`, whose message names the line; the
-    server's temporary path in that message is replaced by the file's name.
-    """
-    if not path:
-        raise BSIError("data: upload a .jsonl file (one JSON object with 'question' and 'answer' per line)")
-    file = Path(path)
-    if file.suffix.lower() != ".jsonl":
-        raise BSIError(f"data: '{file.name}' is not a .jsonl file")
-    size = file.stat().st_size
-    if size > MAX_UPLOAD_BYTES:
-        raise BSIError(f"data: '{file.name}' is {size / 2**20:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB")
-    try:
-        return len(read_jsonl(file))
-    except BSIError as err:
-        raise BSIError(str(err).replace(str(file), file.name)) from None
-
-
-def upload_message(path: str | None) -> str:
-    """The status line shown under the upload widget."""
-    if not path:
-        return ""
-    try:
-        return f"OK: {validate_upload(path)} examples in {Path(path).name}"
-    except BSIError as err:
-        return f"Error: {err}"
-
-
-def read_knob(knob: Knob, value: Any) -> Any:
-    """The form's value for ``knob``, checked against the field's type and choices (BSIError naming the label)."""
-    if knob.choices is not None:
-        if value not in knob.choices:
-            raise BSIError(f"{knob.label}: choose one of {', '.join(map(str, knob.choices))}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BSIError(f"{knob.label}: type a number")
-    if knob.integer:
-        if float(value) != int(value):
-            raise BSIError(f"{knob.label} must be a whole number, got {number_text(value)}")
-        return int(value)
-    return float(value)
-
-
-def most_rounds(compress: CompressConfig) -> int:
-    """The most rounds the schedule of ``compress`` can run (every round needs at least 2 iterations)."""
-    trial = copy.copy(compress)  # the config's own schedule arithmetic, without re-validating
-    best = 1
-    for rounds in range(1, compress.total_iters + 1):
-        trial.rounds = rounds
-        if trial.round_length < 2:
-            break
-        best = rounds
-    return best
-
-
-def check_rounds(preset: str, rounds: int) -> None:
-    """Refuse more rounds than the preset's pruning stage has room for, naming the form's fields."""
-    if preset not in PRESETS:
-        raise BSIError(f"Preset: choose one of {', '.join(PRESETS)}")
-    compress = make_config(preset).compress
-    most = most_rounds(compress)
-    if rounds > most:
-        longer = [name for name in PRESETS if make_config(name).compress.total_iters > compress.total_iters]
-        hint = f", or a preset with a longer pruning stage ({', '.join(longer)})" if longer else ""
-        raise BSIError(f"Rounds T: {rounds} rounds do not fit the {preset} preset, whose pruning stage has "
-                       f"{compress.total_iters} iterations and every round needs at least 2: choose at most "
-                       f"{most} rounds{hint}")
-
-
-def build_config(form: Form) -> PipelineConfig:
-    """A validated :class:`PipelineConfig` from the form (raises BSIError naming the form's field)."""
-    data = EMBEDDED_TASK
-    if form.data_source == "upload":
-        validate_upload(form.data_file)
-        data = str(form.data_file)
-    values = {knob.attr: read_knob(knob, getattr(form, knob.attr)) for knob in KNOBS}
-    ratio = RATIOS[values["size_mode"]]
-    sections: dict[str, dict[str, Any]] = {"compress": {}, "recover": {}}
-    for knob in KNOBS:
-        if knob.attr != "size_mode":  # the ratio given implies it (bsi.config.implied_updates)
-            sections[knob.section][knob.name] = values[knob.attr]
-    sections["compress"][ratio.name] = read_knob(ratio, form.size_value)
-    sections["compress"]["eps"] = values["eps"] or None  # 0: the rule
-    check_rounds(form.preset, values["rounds"])
-    overrides = {"model": model_spec(form), "data": data, "trust_remote_code": bool(form.trust_remote_code),
-                 **sections}
-    try:
-        return make_config(form.preset, overrides)
-    except BSIError as err:
-        raise BSIError(in_app_words(str(err), LABELS)) from None
-
-
-# ------------------------------------------------------------ output folder
-def checkpoint_progress(folder: Path) -> tuple[int, int] | None:
-    """(rounds done, rounds in all) of the interrupted run checkpointed in ``folder``, or None."""
-    from bsi.pipeline.checkpoint import PLAIN
-    from bsi.pipeline.runner import CHECKPOINT
-
-    state = folder / CHECKPOINT / PLAIN
-    if not state.is_file():
-        return None
-    try:
-        plain = json.loads(state.read_text(encoding="utf-8"))
-        return len(plain["rounds"]), int(plain["pipeline_config"]["compress"]["rounds"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0, 0  # unreadable: Resume reports the damage
-
-
-def output_folder(out_dir: str, resume: bool = False) -> Path | None:
-    """The 'Save to folder' input, checked before any work (None when empty).
-
-    A folder holding an interrupted run is refused for a new run (press
-    Resume instead); for Resume it must hold one.
-    """
-    text = (out_dir or "").strip()
-    if not text:
-        if resume:
-            raise BSIError("Resume: type the folder of the interrupted run in 'Save to folder'")
-        return None
-    try:
-        folder = check_output_dir(text)
-    except BSIError as err:
-        raise BSIError(in_app_words(str(err), LABELS)) from None
-    progress = checkpoint_progress(folder)
-    if resume and progress is None:
-        raise BSIError(f"Resume: '{text}' holds no interrupted run to continue")
-    if not resume and progress is not None:
-        raise BSIError(f"'Save to folder' {text} holds an interrupted run ({progress[0]} of {progress[1]} rounds "
-                       "done): press Resume to continue it, or choose another folder")
-    return folder
-
-
-# ------------------------------------------------------------------ eps rule
-def eps_rule_text(value_of_sigma_max: float | None, dtype: torch.dtype = torch.float32, alpha: float = 0.01,
-                  eps_max: float = 0.1) -> str:
-    """The eps rule with its value, for the label next to the eps field.
-
-    The hutchinson curvature perturbs sigma by ``eps``; the rule picks the
-    smallest step whose rounding error stays below ``alpha`` of the change:
-    ``min(2^-(f+1) * sigma_max / alpha, eps_max)`` with ``f`` the dtype's
-    fraction bits (:func:`bsi.method.scores.eps_rule`).
-    """
-    f = fraction_bits(dtype)
-    name = str(dtype).removeprefix("torch.")
-    if value_of_sigma_max is None:
-        return (f"eps rule: min(2^-(f+1) * sigma_max / alpha, {eps_max}) with f = {f} ({name}), alpha = {alpha}; "
-                "press *Compute the rule* (or start a run) to evaluate it for this model.")
-    value = eps_rule(value_of_sigma_max, dtype, alpha, eps_max)
-    return (f"eps rule: min(2^-{f + 1} * {number_text(value_of_sigma_max)} / {alpha}, {eps_max}) = "
-            f"**{number_text(value)}** ({name}, sigma_max = {number_text(value_of_sigma_max)})")
-
-
-def compute_eps_rule(form: Form) -> str:
-    """Load the chosen model (on CPU) and show the rule's value for it in the run's dtype."""
-    config = build_config(form)
-    from bsi.models import load_model_and_tokenizer
-
-    dtype = resolve_dtype(config.dtype, resolve_device(config.device))
-    model, _ = load_model_and_tokenizer(config.model, dtype=torch.float32, trust_remote_code=config.trust_remote_code)
-    value = sigma_max(model)
-    del model
-    gc.collect()
-    return eps_rule_text(value, dtype, config.compress.eps_alpha, config.compress.eps_max)
-
+from bsi.app.state import JobBoard, Visitors
+from bsi.config import PRESETS
+from bsi.errors import BSIError
 
 # ------------------------------------------------------------------ the tab
 @dataclass
@@ -334,7 +45,7 @@ class CompressTab:
 def _knob_input(knob: Knob, value: Any, visible: bool = True):
     """The input for one knob: radio buttons for a field with choices, else a number box (help as its info).
 
-    Number boxes get no minimum or maximum: :func:`build_config` checks the
+    Number boxes get no minimum or maximum: :func:`bsi.app.form.build_config` checks the
     value and answers with one message, instead of Gradio's error badges.
     """
     import gradio as gr
@@ -441,8 +152,6 @@ def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visito
     """
     import gradio as gr
 
-    from bsi.app import job
-
     with gr.Row():
         with gr.Column(scale=2, min_width=340):
             inputs = _model_inputs(defaults)
@@ -482,5 +191,4 @@ def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visito
     return CompressTab(form=form, connect=connect)
 
 
-__all__ = ["Form", "Knob", "KNOBS", "build_config", "validate_upload", "upload_message", "eps_rule_text",
-           "compute_eps_rule", "output_folder", "checkpoint_progress", "MODEL_SOURCES", "DATA_SOURCES", "render"]
+__all__ = ["CompressTab", "render"]

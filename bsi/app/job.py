@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsi.analysis import figures
-from bsi.app.compress import LABELS, Form, build_config, checkpoint_progress, output_folder
+from bsi.app.form import LABELS, Form, build_config, checkpoint_progress, output_folder
 from bsi.app.format import in_app_words, number_text
 from bsi.app.state import JobBoard, LoadedModel, Session, Visitors, session_hash_of, with_request
 from bsi.config import PipelineConfig

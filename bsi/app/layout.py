@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from bsi.app import chat, compare, compress, inspect, spectra
-from bsi.app.compress import Form
+from bsi.app.form import Form
 from bsi.app.state import JobBoard, Session, Visitors, with_request
 
 TITLE = "bsi: live compression studio"

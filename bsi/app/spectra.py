@@ -26,7 +26,7 @@ from bsi.errors import BSIError
 
 def source_model(session, form):
     """The model to study: the last run's dense model, else the Compress tab's model (loaded once)."""
-    from bsi.app.compress import build_config
+    from bsi.app.form import build_config
     from bsi.app.state import LoadedModel
     from bsi.method.surgery import model_parameters
     from bsi.models import load_model_and_tokenizer
@@ -52,7 +52,7 @@ def layer_names(session, form) -> list[str]:
 def compute(session, form, name: str, k: int, examples: int = 4, seed: int = 0):
     """The :class:`~bsi.analysis.spectrum.SpectrumResult` of layer ``name``'s top-k sigmas on ``examples`` examples."""
     from bsi.analysis.spectrum import compute_spectra
-    from bsi.app.compress import build_config
+    from bsi.app.form import build_config
     from bsi.data import BatchStream, load_task
 
     if not name:
@@ -110,7 +110,7 @@ def render(session_state, form_components, visitors=None):
     import gradio as gr
 
     from bsi.analysis.figures import spectrum_figure
-    from bsi.app.compress import Form
+    from bsi.app.form import Form
     from bsi.app.state import Visitors, session_hash_of, with_request
 
     visitors = Visitors() if visitors is None else visitors

@@ -1,0 +1,160 @@
+"""The package's import graph: every arrow between two bsi modules points one way.
+
+Read with the standard library's :mod:`ast`, without importing anything: an
+``import`` anywhere in a module counts, inside functions too (a lazy import
+still makes the two modules depend on each other), except under
+``if TYPE_CHECKING:``, which never runs. ``importlib.import_module`` with a
+string (the CLI's dispatch, ``bsi.__getattr__``) is not an import statement and
+is not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "bsi"
+
+#: Import cycles known and waiting for their fix, each the set of modules in it. The test fails on any
+#: other cycle; a cycle listed here is tolerated, not required, so remove it once it is fixed.
+#: (bsi.pipeline.methods names bsi.pipeline.runner only under TYPE_CHECKING today; the pair is being
+#: reworked, and stays listed until that work lands.)
+KNOWN_IMPORT_CYCLES: list[frozenset[str]] = [
+    frozenset({"bsi.pipeline.methods", "bsi.pipeline.runner"}),
+]
+
+
+def module_name(path: Path) -> str:
+    """``bsi/app/job.py`` -> ``bsi.app.job``; ``bsi/app/__init__.py`` -> ``bsi.app``."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def import_nodes(tree: ast.AST):
+    """Every Import / ImportFrom node of a module, skipping the bodies of ``if TYPE_CHECKING:``."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                stack.extend(child.orelse)  # the else branch does run
+                continue
+            stack.append(child)
+
+
+def imported_modules(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The bsi modules that module ``name`` (at ``path``) imports.
+
+    ``from bsi.app import job`` names the module ``bsi.app.job``; ``from
+    bsi.data import Example`` names the package ``bsi.data`` (its
+    ``__init__``). Parent packages that Python runs on the way are not
+    counted: they run first, whatever imports them.
+    """
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in import_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+            continue
+        if node.level:  # relative: from . import x, from ..config import y
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            origin = ".".join(base + ([node.module] if node.module else []))
+        else:
+            origin = node.module or ""
+        for alias in node.names:
+            found.add(f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in modules else origin)
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    return {name: imported_modules(name, path, set(paths)) for name, path in paths.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm): each is a cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _path(graph: dict[str, set[str]], component: frozenset[str]) -> str:
+    """One cycle through ``component``, written ``a -> b -> a``, for the failure message."""
+    start = min(component)
+    path, seen = [start], {start}
+    while True:
+        nexts = sorted(graph[path[-1]] & component)
+        target = next((t for t in nexts if t == start and len(path) > 1), None) or \
+            next((t for t in nexts if t not in seen), start)
+        path.append(target)
+        if target == start:
+            return " -> ".join(path)
+        seen.add(target)
+
+
+def test_the_import_graph_has_no_cycle_but_the_known_ones():
+    graph = import_graph()
+    found = cycles(graph)
+    new = [c for c in found if c not in KNOWN_IMPORT_CYCLES]
+    assert not new, "import cycles: " + "; ".join(_path(graph, c) for c in new) + \
+        " (give each concept one home so that the imports point one way)"
+
+
+def test_the_cycle_finder_sees_lazy_imports_and_skips_type_checking(tmp_path):
+    """The reader itself, on a small made-up package: a function-level import counts, TYPE_CHECKING does not."""
+    pkg = tmp_path / "bsi"
+    (pkg / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "sub/__init__.py": "from bsi.sub.b import B\n",
+        "a.py": "def f():\n    from bsi import c\n",
+        "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from bsi.a import A\n",
+        "c.py": "from .a import f\n",
+        "sub/b.py": "from ..b import x\nclass B: ...\n",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    paths = {".".join(p.relative_to(tmp_path).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in pkg.rglob("*.py")}
+    graph = {name: imported_modules(name, path, set(paths)) for name, path in paths.items()}
+    assert graph["bsi.a"] == {"bsi.c"} and graph["bsi.c"] == {"bsi.a"}  # lazy and relative imports count
+    assert graph["bsi.b"] == set()  # only under TYPE_CHECKING
+    assert graph["bsi.sub"] == {"bsi.sub.b"} and graph["bsi.sub.b"] == {"bsi.b"}
+    assert cycles(graph) == [frozenset({"bsi.a", "bsi.c"})]
+    assert _path(graph, cycles(graph)[0]) == "bsi.a -> bsi.c -> bsi.a"
