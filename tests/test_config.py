@@ -1,8 +1,9 @@
+import dataclasses
 import json
 
 import pytest
 
-from bsi.config import PRESETS, CompressConfig, PipelineConfig, make_config
+from bsi.config import PRESETS, CompressConfig, PipelineConfig, implied_updates, make_config
 from bsi.errors import BSIError
 
 
@@ -56,8 +57,41 @@ def test_json_round_trip_and_unknown_keys(tmp_path):
         PipelineConfig.from_dict(data)
 
 
-def test_every_preset_is_valid():
-    for name in PRESETS:
-        assert make_config(name).preset == name
+def _flat(values: dict, prefix: str = "") -> dict:
+    """``{"compress": {"rounds": 4}}`` -> ``{"compress.rounds": 4}``."""
+    out = {}
+    for key, value in values.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
+    return out
+
+
+def test_every_preset_sets_what_it_names_and_keeps_the_defaults_elsewhere():
+    defaults = _flat(PipelineConfig().to_dict())
+    jobs = {}
+    for name, values in PRESETS.items():
+        got = _flat(make_config(name).to_dict())
+        named = _flat(implied_updates(values))
+        assert {k: got[k] for k in named} == {k: (list(v) if isinstance(v, tuple) else v) for k, v in named.items()}
+        assert {k: v for k, v in got.items() if k not in named and k != "preset"} == \
+            {k: v for k, v in defaults.items() if k not in named and k != "preset"}
+        jobs[name] = tuple(sorted((k, str(v)) for k, v in got.items() if k != "preset"))
+    assert len(set(jobs.values())) == len(jobs), "two presets run the same job"
     with pytest.raises(BSIError, match="unknown preset"):
         make_config("fast")
+
+
+def test_the_python_api_defaults_are_the_default_preset():
+    """``PipelineConfig()`` runs the same job as ``bsi compress`` (whose preset is ``default``)."""
+    assert make_config("default") == dataclasses.replace(PipelineConfig(), preset="default")
+    assert make_config(None) == PipelineConfig()
+
+
+def test_the_embedded_cpu_presets_share_the_default_fine_tune():
+    """quality and sweep-cpu start from the default preset's fine-tuned model: one cache entry serves all three."""
+    import torch
+
+    from bsi.pipeline.runner import finetune_cache_key
+
+    key = finetune_cache_key(make_config("default"), torch.float32)
+    for name in ("quality", "sweep-cpu"):
+        assert finetune_cache_key(make_config(name), torch.float32) == key, name
