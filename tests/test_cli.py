@@ -71,45 +71,6 @@ def test_model_folder_without_linear_layers(tmp_path, capsys, monkeypatch):
     assert "no linear layers" in capsys.readouterr().err
 
 
-def test_progress_bar_names_forward_only_steps_without_a_nan_loss():
-    """ASVD's calibration runs forward only: its bar shows the stage, not 'loss nan'."""
-    import io
-
-    from bsi.progress import ProgressPrinter
-    from bsi.reports import StepReport
-
-    stream = io.StringIO()
-    printer = ProgressPrinter(stream=stream)
-    printer.show(StepReport("calibrate", 1, 2, float("nan"), 0.1))
-    assert printer.bar.postfix == "calibrate"
-    printer.show(StepReport("recover", 1, 2, 0.5, 0.1))
-    assert printer.bar.postfix == "recover loss 0.5000"
-    printer.show(StepReport("recover", 2, 2, float("nan"), 0.2, skipped=True))
-    assert printer.bar.postfix == "recover loss nan (skipped)"
-    printer.close()
-
-
-def test_progress_bar_of_a_resumed_stage_starts_at_its_step_and_shows_no_rate_before_it_has_one():
-    import io
-    import time
-
-    from bsi.progress import ProgressPrinter
-    from bsi.reports import StepReport
-
-    printer = ProgressPrinter(stream=io.StringIO())
-    printer.show(StepReport("train", 201, 320, 0.5, 30.0))  # the first step after --resume
-    assert printer.bar.n == 201 and "201/320" in str(printer.bar)
-    assert "?it/s" in str(printer.bar)  # one step since the bar opened: no rate yet, not 1 step / 30 microseconds
-    for step in (202, 203):
-        time.sleep(0.12)  # a step of 0.12 s
-        printer.show(StepReport("profile", step, 320, 0.4, 30.0))
-    rate = printer.bar.format_dict["rate"] or (printer.bar.n - printer.bar.initial) / printer.bar.format_dict["elapsed"]
-    assert printer.bar.n == 203 and 2 < rate < 12, rate  # about 8 steps a second
-    printer.show(StepReport("recover", 1, 4, 0.3, 0.1))  # a new stage: a new bar from its own step
-    assert printer.bar.n == 1 and printer.bar.total == 4
-    printer.close()
-
-
 # ------------------------------------------------------------------ start-up, help, pipes
 def _imported_modules(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     """Run ``python -X importtime -m bsi ARGS``; return the result and the top-level modules it imported."""
@@ -129,7 +90,7 @@ def test_help_and_argument_errors_import_no_torch(args):
     assert "bsi" in modules and done.returncode in (0, 2), done.stderr[-500:]
     assert not modules & {"torch", "transformers", "gradio", "numpy"}, modules & {"torch", "transformers", "gradio"}
     if args[-1] == "o":
-        assert "keep_ratio must be in (0, 1]" in done.stderr
+        assert "--keep-ratio must be in (0, 1]" in done.stderr
 
 
 def _flags(command: str):

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bsi.cli.flags import add_config_flags, overrides_from_args
+from bsi.cli.flags import REQUIRED, add_config_flags, add_model_flags, in_flag_words, overrides_from_args, whole_number
 from bsi.errors import BSIError
 
 
@@ -45,7 +45,10 @@ def build_config(args: argparse.Namespace):
     if args.config and args.preset:
         raise BSIError("give --config FILE or --preset NAME, not both")
     base = PipelineConfig.from_json(args.config) if args.config else None
-    return make_config(None if base else (args.preset or "default"), overrides_from_args(args), base=base)
+    try:
+        return make_config(None if base else (args.preset or "default"), overrides_from_args(args), base=base)
+    except BSIError as err:  # name the flag the user typed, not the field behind it
+        raise BSIError(in_flag_words(str(err), args)) from None
 
 
 def run_compress(args: argparse.Namespace) -> int:
@@ -130,17 +133,18 @@ def add_export(p: argparse.ArgumentParser) -> None:
                         "back into ordinary dense layers, for tools that read only standard checkpoints")
     p.add_argument("--out", metavar="DIR", required=True,
                    help="folder for the dense checkpoint (config.json, model.safetensors, tokenizer)")
-    p.add_argument("--dtype", default="stored", choices=("stored", "float32", "bfloat16", "float16"),
+    from bsi.config import DTYPES
+
+    p.add_argument("--dtype", default="stored", choices=("stored", *DTYPES),
                    help="dtype of the written weights; stored: the compressed folder's")
     p.add_argument("--force", action="store_true", help="replace what --out holds")
 
 
 def run_export(args: argparse.Namespace) -> int:
-    import torch
-
+    from bsi.models import torch_dtype
     from bsi.pipeline.export import export_dense
 
-    dtype = None if args.dtype == "stored" else getattr(torch, args.dtype)
+    dtype = None if args.dtype == "stored" else torch_dtype(args.dtype)
     out = export_dense(args.dense, args.out, dtype=dtype, force=args.force)
     print(f"wrote a dense checkpoint to {out}; any transformers tool loads it, e.g. "
           f"AutoModelForCausalLM.from_pretrained({str(out)!r})")
@@ -149,29 +153,24 @@ def run_export(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- eval
 def add_eval(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="a bsi output folder, a model folder, a hub id or a built-in name")
-    p.add_argument("--data", default="embedded-math", help="task data: embedded-math, a .jsonl file or a hub name")
-    p.add_argument("--question-field", default="question", help="JSON field holding the question")
-    p.add_argument("--answer-field", default="answer", help="JSON field holding the worked answer")
-    p.add_argument("--examples", type=int, default=100, help="test examples to score")
-    p.add_argument("--batch-size", type=int, default=16, help="examples per generation batch")
-    p.add_argument("--max-new-tokens", type=int, default=96, help="longest generated answer")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
-    p.add_argument("--seed", type=int, default=0, help="seed of the test split (same as the compress run's to reuse it)")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
+    add_model_flags(p, {"model": REQUIRED, "data": "embedded-math", "question_field": "question",
+                        "answer_field": "answer"},
+                    helps={"model": "a bsi output folder, a model folder, a hub id or a built-in name"})
+    p.add_argument("--examples", type=whole_number(1), default=100, metavar="N", help="test examples to score")
+    add_model_flags(p, {"batch_size": 16, "max_new_tokens": 96, "device": "auto", "dtype": "auto", "seed": 0,
+                        "trust_remote_code": False},
+                    helps={"batch_size": "examples per generation batch",
+                           "seed": "seed of the test split (same as the compress run's to reuse it)"})
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
 
 
 def run_eval(args: argparse.Namespace) -> int:
     from bsi.data import load_task
     from bsi.pipeline.evaluate import evaluate
-    from bsi.models import load_model_and_tokenizer
-    from bsi.models import resolve_device, resolve_dtype
     from bsi.method.surgery import model_parameters
+    from bsi.models import check_model_spec, load_model_and_tokenizer, resolve_device, resolve_dtype
 
-    if args.examples < 1:
-        raise BSIError(f"--examples must be >= 1, got {args.examples}")
+    check_model_spec(args.model)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     task = load_task(args.data, question_field=args.question_field, answer_field=args.answer_field,
@@ -191,18 +190,17 @@ def run_eval(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- chat
 def add_chat(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="a bsi output folder, a model folder, a hub id or a built-in name")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="longest reply")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16")
-    p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
+    add_model_flags(p, {"model": REQUIRED, "max_new_tokens": 128, "device": "auto", "dtype": "auto",
+                        "trust_remote_code": False},
+                    helps={"model": "a bsi output folder, a model folder, a hub id or a built-in name",
+                           "max_new_tokens": "longest reply"})
 
 
 def run_chat(args: argparse.Namespace) -> int:
     from bsi.chat import ChatSession
-    from bsi.models import load_model_and_tokenizer
-    from bsi.models import resolve_device, resolve_dtype
+    from bsi.models import check_model_spec, load_model_and_tokenizer, resolve_device, resolve_dtype
 
+    check_model_spec(args.model)
     device = resolve_device(args.device)
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=resolve_dtype(args.dtype, device), device=device,
                                                 trust_remote_code=args.trust_remote_code)
@@ -229,8 +227,9 @@ def run_chat(args: argparse.Namespace) -> int:
 def add_presets(p: argparse.ArgumentParser) -> None:
     from bsi.config import PRESETS
 
-    p.add_argument("name", nargs="?", choices=list(PRESETS),
-                   help="print this preset as a full JSON config (default: list every preset, one a line)")
+    p.add_argument("name", nargs="?", choices=list(PRESETS), metavar="PRESET",
+                   help=f"print this preset ({', '.join(PRESETS)}) as a full JSON config (default: list every "
+                        "preset, one a line)")
 
 
 def run_presets(args: argparse.Namespace) -> int:
@@ -243,5 +242,6 @@ def run_presets(args: argparse.Namespace) -> int:
     else:
         for name, values in PRESETS.items():
             extra = f"; bsi sweep adds {json.dumps(SWEEP_PRESETS[name])}" if name in SWEEP_PRESETS else ""
-            print(f"{name}: {json.dumps(values)}{extra}")
+            own = json.dumps(values) if values else "the defaults of every field"
+            print(f"{name}: {own}{extra}")
     return 0

@@ -12,14 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bsi.errors import BSIError
+from bsi.cli.flags import add_model_flags, number_in, whole_number
 
 DEFAULT_TOP_K = 16  # sigmas per layer: one second backward pass each
 DEFAULT_BATCHES = 1
 
 
-#: Flags that mean what the run configuration's field of the same name means (help from its metadata),
-#: with this command's defaults: small batches, float32 (second derivatives want the precision).
+#: The shared model flags (:data:`bsi.cli.flags.MODEL_FLAGS`) with this command's defaults: small
+#: batches, float32 (second derivatives want the precision).
 CONFIG_FLAGS = {"model": "smollm2-135m-instruct", "data": "embedded-math", "question_field": "question",
                 "answer_field": "answer", "batch_size": 4, "max_length": 256, "dtype": "float32", "device": "auto",
                 "seed": 0, "trust_remote_code": False}
@@ -27,26 +27,22 @@ CONFIG_FLAGS = {"model": "smollm2-135m-instruct", "data": "embedded-math", "ques
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of ``bsi spectrum`` (no heavy import: ``--help`` answers at once)."""
-    from bsi.config import PipelineConfig, field_help
-
     p.description = (f"{p.description or ''}. The defaults take about a minute on a 2-core CPU with the embedded "
                      "model: the last block's layer of each kind, top-16 sigmas, one batch of 4. More layers, "
                      "a larger --top-k or layers near the input cost more: each Hessian column is one second "
                      "backward pass, which for block 0 runs through the whole model.")
-    for name, default in CONFIG_FLAGS.items():
-        flag, help_text = "--" + name.replace("_", "-"), field_help(PipelineConfig, name)
-        if isinstance(default, bool):
-            p.add_argument(flag, action="store_true", help=help_text)
-        else:
-            p.add_argument(flag, type=type(default), default=default, help=help_text)
+    add_model_flags(p, CONFIG_FLAGS)
     p.add_argument("--layers", nargs="+", metavar="SPEC",
                    help="layer names or patterns, optionally with @indices (e.g. 'mlp.down_proj@0,-1'); "
                         "(default: the last block's layer of each kind, kind@-1, the cheapest)")
-    p.add_argument("--top-k", type=int, default=DEFAULT_TOP_K,
+    p.add_argument("--top-k", type=whole_number(1), default=DEFAULT_TOP_K, metavar="K",
                    help="sigmas per layer (the largest); each is one second backward pass")
-    p.add_argument("--batches", type=int, default=DEFAULT_BATCHES, help="mini-batches to average the Hessian over")
-    p.add_argument("--error", type=float, default=0.1, help="relative error e for the probes-needed column")
-    p.add_argument("--delta", type=float, default=0.1, help="failure probability delta for the probes-needed column")
+    p.add_argument("--batches", type=whole_number(1), default=DEFAULT_BATCHES, metavar="N",
+                   help="mini-batches to average the Hessian over")
+    p.add_argument("--error", type=number_in(0), default=0.1, metavar="E",
+                   help="relative error e > 0 for the probes-needed column")
+    p.add_argument("--delta", type=number_in(0, 1), default=0.1, metavar="DELTA",
+                   help="failure probability delta in (0, 1) for the probes-needed column")
     p.add_argument("--out", required=True, help="output folder for spectrum.json, summary.txt, spectrum.html")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -58,9 +54,6 @@ def run(args: argparse.Namespace) -> int:
     from bsi.files import check_output_dir
     from bsi.models import load_model_and_tokenizer, resolve_device, resolve_dtype
 
-    for flag in ("top_k", "batches", "batch_size", "max_length"):
-        if getattr(args, flag) < 1:
-            raise BSIError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     check_output_dir(args.out)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)

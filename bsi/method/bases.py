@@ -30,6 +30,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from bsi.errors import BSIError
+
 
 def svd_bases(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Thin SVD of a weight matrix, computed in fp32.
@@ -67,7 +69,9 @@ def whitening_factor(covariance: torch.Tensor, damping: float = 1e-3) -> torch.T
         if int(info) == 0:
             return factor
         jitter *= 10
-    raise ValueError("input covariance is not positive definite even with heavy damping")
+    raise BSIError(f"the covariance of a layer's inputs is not positive definite even with damping {jitter / 10:g} "
+                   "(its activations are probably not finite): run in float32 (--dtype float32), or use plain "
+                   "SVD bases (--bases svd)")
 
 
 def whitened_bases(weight: torch.Tensor, covariance: torch.Tensor, damping: float = 1e-3
@@ -220,7 +224,9 @@ class InputStatistics:
         for name in self.modules:
             owner = self._owner.get(name, name)
             if owner not in values:
-                raise ValueError(f"layer '{name}' saw no input: run at least one batch through the model")
+                raise BSIError(f"layer '{name}' saw no input in the calibration batches: it is not on the model's "
+                               "forward path, or no batch ran (give a task with training examples and "
+                               "--calibration-batches >= 1), or use plain SVD bases (--bases svd)")
             if owner not in normalised:
                 normalised[owner] = values[owner] / max(self._count[owner], 1)
             out[name] = normalised[owner]

@@ -42,7 +42,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from bsi.errors import BSIError
-from bsi.files import atomic_directory, atomic_write_json, atomic_write_text, refuse_to_replace
+from bsi.files import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir, refuse_to_replace
 from bsi.method.layers import LowRankLinear
 from bsi.method.surgery import basis_layers, replace_module, to_exported_form
 from bsi.pipeline import modeling_bsi
@@ -201,7 +201,7 @@ def export_dense(folder: str | Path, out_dir: str | Path, *, dtype: torch.dtype 
         BSIError: ``folder`` is not a compressed-model folder, or ``out_dir``
             already holds a result and ``force`` is False, or cannot be written.
     """
-    out_dir = Path(out_dir).expanduser()
+    out_dir = check_output_dir(out_dir)  # before the model loads: a bad --out answers at once
     refuse_to_replace(out_dir, force)
     model, tokenizer = load_compressed(folder, dtype=dtype)
     meta = read_meta(folder)
