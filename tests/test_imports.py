@@ -158,3 +158,20 @@ def test_the_cycle_finder_sees_lazy_imports_and_skips_type_checking(tmp_path):
     assert graph["bsi.sub"] == {"bsi.sub.b"} and graph["bsi.sub.b"] == {"bsi.b"}
     assert cycles(graph) == [frozenset({"bsi.a", "bsi.c"})]
     assert _path(graph, cycles(graph)[0]) == "bsi.a -> bsi.c -> bsi.a"
+
+
+#: docs/architecture.md's layers, bottom up: a module may import its own layer or a lower one, never a higher one.
+LAYERS = {"bsi.method": 0, "bsi.pipeline": 1, "bsi.cli": 2, "bsi.app": 2, "bsi.teaching": 2}
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of a module (None for the modules that serve every layer: config, reports, data, models, ...)."""
+    return next((level for prefix, level in LAYERS.items() if module == prefix or module.startswith(prefix + ".")),
+                None)
+
+
+def test_nothing_imports_upwards():
+    """bsi.method never imports bsi.pipeline or a surface; bsi.pipeline never imports a surface."""
+    upwards = sorted(f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
+                     if layer_of(a) is not None and layer_of(b) is not None and layer_of(b) > layer_of(a))
+    assert not upwards, f"imports against the layers of docs/architecture.md: {upwards}"

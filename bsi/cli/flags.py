@@ -186,7 +186,8 @@ def add_config_flags(parser: argparse.ArgumentParser, *, preset: str = "default"
             help_text = meta.get("help", "")  # choices: argparse shows them as the metavar, {a,b}
             value = values.get(f.name)
             if "(default" not in help_text:  # a help that states its own default keeps it
-                help_text += f" (default: {value})"
+                shown_value = ("on" if value else "off") if isinstance(value, bool) else value
+                help_text += f" (default: {shown_value})"
             names = [_flag_name(section, f.name), *ALIASES.get((section or "", f.name), ())]
             kind = _kind(f.type)
             if kind is None:

@@ -31,10 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "model: the last block's layer of each kind, top-16 sigmas, one batch of 4. More layers, "
                      "a larger --top-k or layers near the input cost more: each Hessian column is one second "
                      "backward pass, which for block 0 runs through the whole model.")
-    add_model_flags(p, CONFIG_FLAGS)
+    add_model_flags(p, CONFIG_FLAGS, helps={"seed": "seed of the batches"})
     p.add_argument("--layers", nargs="+", metavar="SPEC",
-                   help="layer names or patterns, optionally with @indices (e.g. 'mlp.down_proj@0,-1'); "
-                        "(default: the last block's layer of each kind, kind@-1, the cheapest)")
+                   help="layers to measure: exact names, substrings (mlp.down_proj), globs (*.layers.1?.*proj), "
+                        "each optionally with @I,J for the I-th and J-th matches, negative from the end "
+                        "(mlp.down_proj@0,-1) (default: the last block's layer of each kind, kind@-1, the cheapest)")
     p.add_argument("--top-k", type=whole_number(1), default=DEFAULT_TOP_K, metavar="K",
                    help="sigmas per layer (the largest); each is one second backward pass")
     p.add_argument("--batches", type=whole_number(1), default=DEFAULT_BATCHES, metavar="N",

@@ -1,0 +1,295 @@
+"""The generated parts of the documentation: flag tables from the parsers, presets and the module map from the package.
+
+``python -m bsi.cli.docs`` (``make docs``) rewrites them in place;
+``python -m bsi.cli.docs --check`` only names the stale files, and
+``tests/test_docs.py`` fails while any is stale. Each generated part sits
+between two markers in a Markdown file, so the prose around it stays
+hand-written::
+
+    <!-- generated: flags eval (python -m bsi.cli.docs) -->
+    | flag | default | meaning |
+    ...
+    <!-- end of generated part -->
+
+The generators (:data:`GENERATORS`):
+
+* ``flags COMMAND``: one table per argument group of ``bsi COMMAND``, read
+  from the parser itself: the flag, its default as ``--help`` shows it (see
+  :class:`bsi.cli.HelpFormatter`), its help text and choices. Other commands
+  than ``compress`` list the configuration flags they share with it in one
+  sentence instead of repeating the tables.
+* ``json-only``: the configuration fields that have no flag;
+* ``presets``: what every preset of :data:`bsi.config.PRESETS` runs, from
+  :func:`bsi.config.make_config` (and ``bsi sweep``'s additions).
+* ``modules``: the package's module map, one row per module with the first
+  line of its docstring, read with :mod:`ast` (nothing is imported), grouped
+  by sub-package.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC_FILES = ("docs/cli.md", "docs/architecture.md")
+"""The files with generated parts, relative to the repository root."""
+
+START = re.compile(r"^<!-- generated: (?P<what>[^()]+?) \(python -m bsi\.cli\.docs\) -->$", re.MULTILINE)
+END = "<!-- end of generated part -->"
+
+#: Argument groups that hold the configuration's flags (bsi.cli.flags.add_config_flags), with their headings.
+CONFIG_GROUPS = {"run": "Run", "stage 1: task fine-tune": "Stage 1: task fine-tune",
+                 "stage 2: compression": "Stage 2: compression", "stage 3: recovery": "Stage 3: recovery"}
+OWN_GROUPS = {"options": "Command", "optional arguments": "Command", "positional arguments": "Arguments"}
+GENERIC_METAVARS = ("INT", "FLOAT", "STR")
+
+#: Sub-packages in the order of the layers (docs/architecture.md); others follow alphabetically.
+PACKAGE_ORDER = ("method", "pipeline", "data", "analysis", "cli", "app")
+
+
+# ------------------------------------------------------------------ flags
+def split_default(text: str) -> tuple[str, str]:
+    """``"sigmas per layer (default: 16)"`` -> ``("sigmas per layer", "16")``; ``(required)`` counts too.
+
+    Only a last, balanced parenthesis that starts with ``default:`` or is
+    ``required`` is taken; a help without one gives ``(text, "")``.
+    """
+    text = text.strip()
+    if not text.endswith(")"):
+        return text, ""
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(text[i], 0)
+        if depth == 0:
+            inner = text[i + 1:-1]
+            if inner == "required":
+                return text[:i].rstrip(), "required"
+            if inner.startswith("default:"):
+                return text[:i].rstrip(), inner.removeprefix("default:").strip()
+            return text, ""
+    return text, ""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _flag_cell(action: argparse.Action) -> str:
+    names = action.option_strings or [action.metavar or action.dest]
+    if isinstance(action, argparse.BooleanOptionalAction):
+        names = [n for n in names if not n.startswith("--no-")]
+    shown = ", ".join(f"`{n}`" for n in names)
+    metavar = action.metavar if action.option_strings and action.nargs != 0 else None
+    if isinstance(metavar, str) and metavar not in GENERIC_METAVARS and action.choices is None:
+        shown = shown[:-1] + f" {metavar}" + ("..." if action.nargs in ("+", "*") else "") + "`"
+    return shown
+
+
+def flag_row(action: argparse.Action, formatter: argparse.HelpFormatter) -> str:
+    """One table row: the flag, its default as ``--help`` shows it, what it means (and its choices)."""
+    meaning, default = split_default(formatter._expand_help(action))
+    if not default:
+        default = "off" if action.nargs == 0 and action.const is True else "-"
+    if default not in ("required", "off", "on", "-") and " " not in default:
+        default = f"`{default}`"
+    choices = [str(c) for c in action.choices or ()]
+    if choices and not all(re.search(rf"(?<![\w-]){re.escape(c)}(?![\w-])", meaning) for c in choices):
+        meaning += f"; one of {', '.join(f'`{c}`' for c in choices)}"
+    return f"| {_flag_cell(action)} | {_cell(default)} | {_cell(meaning)} |"
+
+
+def _groups(parser: argparse.ArgumentParser) -> list[tuple[str, list[argparse.Action]]]:
+    """(title, actions) of every argument group that holds a flag, ``--help`` left out."""
+    out = []
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions if a.help != argparse.SUPPRESS and "-h" not in a.option_strings]
+        if actions:
+            out.append((group.title or "", actions))
+    return out
+
+
+def command_parser(command: str) -> argparse.ArgumentParser:
+    """The parser of ``bsi COMMAND``, built exactly as ``bsi`` builds it."""
+    from bsi.cli import _subparser, build_parser
+
+    parser = _subparser(build_parser(), command)
+    if parser is None:
+        raise KeyError(f"no command {command!r}")
+    return parser
+
+
+def flag_tables(command: str) -> str:
+    """The flags of ``bsi COMMAND`` as Markdown tables, one per argument group."""
+    parser = command_parser(command)
+    formatter = parser._get_formatter()
+    groups = _groups(parser)
+    config = [(t, a) for t, a in groups if t in CONFIG_GROUPS]
+    own = [(t, a) for t, a in groups if t not in CONFIG_GROUPS]
+    blocks = []
+    for title, actions in own if command != "compress" else groups:
+        heading = CONFIG_GROUPS.get(title) or OWN_GROUPS.get(title, title[:1].upper() + title[1:])
+        rows = "\n".join(flag_row(a, formatter) for a in actions)
+        blocks.append((f"**{heading}**\n\n" if len(groups) > 1 else "") + f"| flag | default | meaning |\n|---|---|---|\n{rows}")
+    if config and command != "compress":
+        blocks.append(_shared_config_sentence(command, config))
+    return "\n\n".join(blocks)
+
+
+def _shared_config_sentence(command: str, config: list[tuple[str, list[argparse.Action]]]) -> str:
+    """What the command takes of ``compress``'s configuration flags, in one sentence."""
+    compress = {o for t, actions in _groups(command_parser("compress")) if t in CONFIG_GROUPS
+                for a in actions for o in a.option_strings[:1]}
+    mine = {a.option_strings[0] for _, actions in config for a in actions}
+    left_out = sorted(compress - mine)
+    extra = sorted(mine - compress)
+    text = f"`bsi {command}` also takes the configuration flags of [`bsi compress`](#bsi-compress)"
+    if left_out:
+        text += f" except {', '.join(f'`{f}`' for f in left_out)}"
+    if extra:
+        text += f", and {', '.join(f'`{f}`' for f in extra)}"
+    return text + "."
+
+
+def json_only() -> str:
+    """The configuration fields that have no flag (``option(cli=False)``), as a Markdown list."""
+    from bsi.cli.flags import config_fields
+    from bsi.config import NESTED, SECTIONS, PipelineConfig
+
+    hidden = []
+    for section in ("", *SECTIONS):
+        cls = PipelineConfig if not section else NESTED[("PipelineConfig", section)]
+        shown = {f.name for f in config_fields(section)}
+        hidden += [((f"{section}." if section else "") + f.name, f.metadata.get("help", ""))
+                   for f in dataclasses.fields(cls) if f.name not in shown and f.name not in SECTIONS]
+    return "\n".join(f"* `{name}`: {help_text}" for name, help_text in hidden)
+
+
+# ------------------------------------------------------------------ presets
+def preset_table() -> str:
+    """One row per preset: its model, pruning schedule, size, fine-tune, recovery and evaluation."""
+    from bsi.config import PRESETS, SWEEP_PRESETS, make_config
+
+    rows = ["| preset | model | pruning | size | fine-tune | recovery | evaluation |", "|---|---|---|---|---|---|---|"]
+    for name in PRESETS:
+        c = make_config(name)
+        k = c.compress
+        size = f"target {k.target_ratio:g}" if k.size_mode == "target" else f"KeepRatio {k.keep_ratio:g}"
+        sweep = SWEEP_PRESETS.get(name)
+        if sweep:
+            size += "; `bsi sweep`: targets " + ", ".join(f"{t:g}" for t in sweep.get("targets", ()))
+        recovery = f"{c.recover.steps} steps at lr {c.recover.lr:g}"
+        if sweep and sweep.get("baseline_recover_steps"):
+            recovery += (f" ({sweep['baseline_recover_steps']} at lr {sweep.get('baseline_recover_lr') or c.recover.lr:g}"
+                         " for the truncation baselines in `bsi sweep`)")
+        rows.append(
+            f"| `{name}` | `{c.model}` | {k.rounds} rounds of {k.round_length} iterations ({k.profiling_iters} "
+            f"profiling), {k.score}, {k.curvature} curvature, {k.bases} bases | {size} | "
+            f"{c.finetune.steps} steps at lr {c.finetune.lr:g} | {recovery} | {c.eval_examples} problems, "
+            f"max length {c.max_length}, {c.max_new_tokens} new tokens |")
+    return "\n".join(rows)
+
+
+# ------------------------------------------------------------------ the module map
+def markdown_inline(text: str) -> str:
+    """reStructuredText inline markup to Markdown: ``:mod:`~a.b``` -> `` `b` ``, double back-quotes -> single."""
+    def role(match: re.Match) -> str:
+        short, target = match.groups()
+        return f"`{target.rsplit('.', 1)[-1] if short else target}`"
+
+    return re.sub(r":[a-z]+:`(~?)([^`]+)`", role, text).replace("``", "`")
+
+
+def module_row(path: Path, label: str) -> str:
+    """A module's row: ``label``, the first line of its docstring and its public classes (read with ast)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    doc = ast.get_docstring(tree)
+    if not doc:
+        raise ValueError(f"{path} has no docstring: its first line is what the module map says of it")
+    summary = markdown_inline(doc.strip().splitlines()[0].rstrip("."))
+    classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef) and not node.name.startswith("_")]
+    return f"| {label} | {_cell(summary)} | {', '.join(f'`{c}`' for c in classes)} |"
+
+
+def module_map(root: Path = ROOT) -> str:
+    """The module map of the ``bsi`` package: top-level modules, then each sub-package's, one row each."""
+    package = root / "bsi"
+    rows = ["| module | what it is | classes |", "|---|---|---|"]
+    rows += [module_row(p, f"`bsi/{p.name}`") for p in _modules(package)]
+    subpackages = sorted((p for p in package.iterdir() if (p / "__init__.py").is_file()),
+                         key=lambda p: (PACKAGE_ORDER.index(p.name) if p.name in PACKAGE_ORDER else len(PACKAGE_ORDER),
+                                        p.name))
+    for sub in subpackages:
+        rows.append(module_row(sub / "__init__.py", f"**`bsi/{sub.name}/`**"))
+        rows += [module_row(p, f"`{p.name}`") for p in _modules(sub)]
+    return "\n".join(rows)
+
+
+def _modules(folder: Path) -> list[Path]:
+    """A folder's modules, ``__init__.py`` first for the top level, then by name (``__main__`` left out)."""
+    files = sorted(p for p in folder.glob("*.py") if p.name != "__main__.py")
+    if folder.name != "bsi":
+        files = [p for p in files if p.name != "__init__.py"]
+    return sorted(files, key=lambda p: (p.name != "__init__.py", p.name))
+
+
+# ------------------------------------------------------------------ filling the files
+GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": json_only, "presets": preset_table,
+                                             "modules": module_map}
+
+
+def generate(what: str) -> str:
+    """The content of the generated part named ``what`` (``flags eval``, ``presets``, ``modules``)."""
+    name, *args = what.split()
+    if name not in GENERATORS:
+        raise ValueError(f"unknown generated part '{what}': use one of {', '.join(GENERATORS)}")
+    return GENERATORS[name](*args)
+
+
+def render(text: str) -> str:
+    """``text`` with every generated part regenerated (the prose around them untouched)."""
+    out, position = [], 0
+    for start in START.finditer(text):
+        end = text.find(END, start.end())
+        if end < 0:
+            raise ValueError(f"'{start.group()}' has no '{END}' after it")
+        out += [text[position:start.end()], "\n\n", generate(start["what"]), "\n\n"]
+        position = end
+    return "".join(out) + text[position:]
+
+
+def stale(root: Path = ROOT) -> list[str]:
+    """The files of :data:`DOC_FILES` whose generated parts differ from what the code generates now."""
+    return [name for name in DOC_FILES
+            if render((root / name).read_text(encoding="utf-8")) != (root / name).read_text(encoding="utf-8")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Regenerate the generated parts of :data:`DOC_FILES` in place (``--check``: only report stale files)."""
+    parser = argparse.ArgumentParser(prog="python -m bsi.cli.docs", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file is stale")
+    args = parser.parse_args(argv)
+    from bsi.files import atomic_write_text
+
+    changed = stale()
+    if args.check:
+        for name in changed:
+            print(f"{name} is stale: run `make docs` (python -m bsi.cli.docs)", file=sys.stderr)
+        return 1 if changed else 0
+    for name in changed:
+        atomic_write_text(ROOT / name, render((ROOT / name).read_text(encoding="utf-8")))
+        print(f"regenerated {name}")
+    if not changed:
+        print("the generated parts of " + ", ".join(DOC_FILES) + " are current")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""The documentation cannot drift from the code.
+
+* The generated parts of docs/cli.md and docs/architecture.md (flag tables,
+  presets, the module map) equal what ``python -m bsi.cli.docs`` makes now.
+* Every ``--flag`` that a document, the README or a notebook names exists on
+  some parser: ``bsi``'s, ``app.py``'s, a bench script's or a launcher's.
+* Every repository path that a document names in back-quotes exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from bsi.cli import build_parser
+from bsi.cli.docs import (
+    DOC_FILES,
+    END,
+    flag_tables,
+    generate,
+    markdown_inline,
+    module_map,
+    render,
+    split_default,
+    stale,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCUMENTS = sorted([*ROOT.glob("docs/*.md"), ROOT / "README.md", *ROOT.glob("notebooks/src/*.py")])
+
+#: Flags of the launchers the documents show bsi under (torchrun, accelerate launch), not bsi's own.
+LAUNCHER_FLAGS = {"--nproc_per_node", "--standalone", "--num_processes", "--cpu"}
+
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*(?![\w-])")
+#: A source path in back-quotes (a module, a document, a notebook or a folder; outputs such as results.json are not).
+PATH = re.compile(r"`((?:bsi|bench|tests|notebooks|docs|examples|\.ci)/(?:[\w./*-]*\.(?:py|md|ipynb|jsonl)|[\w./*-]*/)?)`")
+
+
+def bsi_flags() -> set[str]:
+    """Every option string of ``bsi`` and of each of its commands (``--no-...`` forms included)."""
+    parser = build_parser()
+    parsers = [parser] + [p for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+                          for p in a.choices.values()]
+    return {o for p in parsers for a in p._actions for o in a.option_strings}
+
+
+def script_flags() -> set[str]:
+    """The ``--flags`` that app.py, notebooks/build.py and the bench scripts add (read with ast, not run)."""
+    flags = set()
+    for path in [ROOT / "app.py", ROOT / "notebooks" / "build.py", *sorted((ROOT / "bench").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                flags |= {a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")}
+    return flags
+
+
+def test_the_generated_parts_are_what_the_code_generates():
+    assert stale() == [], "regenerate them with `make docs` (python -m bsi.cli.docs)"
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=[str(d.relative_to(ROOT)) for d in DOCUMENTS])
+def test_every_flag_a_document_names_exists(document):
+    known = bsi_flags() | script_flags() | LAUNCHER_FLAGS
+    named = set(FLAG.findall(document.read_text(encoding="utf-8")))
+    assert named - known == set(), f"{document.name} names flags no parser has: {sorted(named - known)}"
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=[str(d.relative_to(ROOT)) for d in DOCUMENTS])
+def test_every_path_a_document_names_exists(document):
+    missing = [p for p in PATH.findall(document.read_text(encoding="utf-8"))
+               if not any(ROOT.glob(p.rstrip("/"))) and not (ROOT / p).exists()]
+    assert not missing, f"{document.name} names paths that do not exist: {missing}"
+
+
+# ------------------------------------------------------------------ the generator itself
+def test_every_flag_of_a_command_is_in_its_table():
+    tables = flag_tables("compress")
+    parser = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["compress"]
+    for action in parser._actions:
+        if action.option_strings and "-h" not in action.option_strings:
+            assert f"`{action.option_strings[0]}" in tables, action.option_strings
+    assert "| `--recover-distill` | `0.0` |" in tables  # the default as --help shows it
+    assert "--no-skip-finetune" not in tables  # the --no- forms are said once, in prose
+
+
+def test_the_other_commands_point_to_compress_for_the_shared_configuration_flags():
+    sweep = flag_tables("sweep")
+    assert "also takes the configuration flags of [`bsi compress`](#bsi-compress) except" in sweep
+    assert "`--score`" in sweep.split("except")[1] and "| `--finetune-steps`" not in sweep
+
+
+@pytest.mark.parametrize("text,split", [
+    ("sigmas per layer (default: 16)", ("sigmas per layer", "16")),
+    ("a folder (required)", ("a folder", "required")),
+    ("in (0, 1) (default: the rule for the dtype)", ("in (0, 1)", "the rule for the dtype")),
+    ("in (0, 1]", ("in (0, 1]", "")),
+    ("cap (default: all; 2000 (generated))", ("cap", "all; 2000 (generated)")),
+])
+def test_split_default_takes_only_a_last_default_or_required(text, split):
+    assert split_default(text) == split
+
+
+def test_render_replaces_only_between_the_markers_and_is_stable(tmp_path):
+    text = ("# Title\n\nprose before\n\n<!-- generated: flags chat (python -m bsi.cli.docs) -->\nstale table\n"
+            f"{END}\n\nprose after\n")
+    once = render(text)
+    assert once.startswith("# Title\n\nprose before\n\n") and once.endswith(f"{END}\n\nprose after\n")
+    assert "stale table" not in once and "| `--model MODEL` | required |" in once
+    assert render(once) == once
+    with pytest.raises(ValueError, match="no '<!-- end"):
+        render("<!-- generated: presets (python -m bsi.cli.docs) -->\nno end\n")
+    with pytest.raises(ValueError, match="unknown generated part"):
+        generate("tables")
+
+
+def test_the_module_map_lists_every_module_with_its_docstring(tmp_path):
+    package = tmp_path / "bsi"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text('"""The package."""\n')
+    (package / "one.py").write_text('"""One thing: :class:`~bsi.one.Thing` and ``code``.\n\nMore."""\nclass Thing: ...\n')
+    (package / "sub" / "__init__.py").write_text('"""A sub-package."""\n')
+    (package / "sub" / "two.py").write_text('"""Two things."""\nclass _Hidden: ...\n')
+    assert module_map(tmp_path).splitlines()[2:] == [
+        "| `bsi/__init__.py` | The package |  |",
+        "| `bsi/one.py` | One thing: `Thing` and `code` | `Thing` |",
+        "| **`bsi/sub/`** | A sub-package |  |",
+        "| `two.py` | Two things |  |",
+    ]
+    (package / "three.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match="three.py has no docstring"):
+        module_map(tmp_path)
+
+
+def test_markdown_inline():
+    assert markdown_inline(":func:`bsi.config.make_config` and :mod:`~bsi.app.job`, ``x``") == \
+        "`bsi.config.make_config` and `job`, `x`"
+
+
+def test_the_documents_with_generated_parts_exist():
+    assert all((ROOT / name).is_file() and "<!-- generated:" in (ROOT / name).read_text() for name in DOC_FILES)
