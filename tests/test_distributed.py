@@ -17,6 +17,8 @@ WORKER = textwrap.dedent('''
     from bsi.reports import DoneReport, RoundReport
 
     out, results = sys.argv[1], sys.argv[2]
+    if os.environ["RANK"] != "0":  # a folder of its own: anything rank 1 writes would show there
+        out += "-rank" + os.environ["RANK"]
     config = make_config("smoke", {"eval_examples": 0, "finetune": {"steps": 2}, "recover": {"steps": 3}})
     pipeline = Pipeline(config, out_dir=out)
     summary, pruned = None, []
@@ -46,6 +48,9 @@ def test_two_cpu_processes_prune_identically_and_only_rank0_writes(tmp_path, iso
     assert any(p for round_ in ranks[0]["pruned"] for p in round_.values())  # something was pruned
     # ... and averaged gradients keep the trained weights identical although the batches differ.
     assert ranks[0]["weights"] == pytest.approx(ranks[1]["weights"], rel=1e-6)
-    # One writer: rank 0's output is complete.
+    # One writer: rank 0's output is complete, and rank 1, given a folder of its own, wrote nothing there
+    # (no result, no round checkpoint, no half-written temporary folder beside it).
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ranks"] == ranks[0]["ranks"]
+    assert (out / "model.safetensors").is_file()
+    assert not [p.name for p in tmp_path.iterdir() if "out-rank1" in p.name]

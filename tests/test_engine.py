@@ -85,16 +85,26 @@ def test_target_size_mode_hits_target_within_one_percent(target):
     assert rounds[-1].compressible_ratio == pytest.approx(now / dense)
 
 
-@pytest.mark.parametrize("scope,score", [("layer", "bsi"), ("model", "bsi-grad"), ("model", "basel")])
+@pytest.mark.parametrize("scope,score", [("layer", "bsi"), ("model", "bsi"), ("model", "bsi-grad"), ("model", "basel")])
 def test_same_seed_same_result(scope, score):
-    def once():
+    """Hutchinson's random probes (the only curvature source that reads probe_scope) are seeded: same seed, same
+    importance to the last bit and the same pruning. Without auxiliary vectors the seed draws nothing but the
+    probes: another seed changes bsi's importance (its curvature term) and nothing else's."""
+    def once(seed=0, probe_scope=scope):
         model = make_tiny_llama()
-        config = CompressConfig(size_mode="keep", keep_ratio=0.4, rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=1,
-                                probe_scope=scope, score=score)
-        run(Compressor(model, token_batches(), config, lm_loss))
-        return layer_ranks(model)
+        config = CompressConfig(size_mode="keep", keep_ratio=0.4, rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=0,
+                                curvature="hutchinson", probe_scope=probe_scope, score=score, seed=seed)
+        _, rounds = run(Compressor(model, token_batches(), config, lm_loss))
+        return layer_ranks(model), [layer.importance for layer in rounds[0].layers]
 
-    assert once() == once()
+    def equal(a, b):
+        return all(torch.equal(x, y) for x, y in zip(a, b))
+
+    (ranks, importance), (again, importance_again) = once(), once()
+    assert ranks == again and equal(importance, importance_again)
+    assert equal(importance, once(seed=1)[1]) == (score != "bsi")  # only bsi's score has a curvature term
+    if score == "bsi":  # and the scope decides how the probes are drawn
+        assert not equal(importance, once(probe_scope={"layer": "model", "model": "layer"}[scope])[1])
 
 
 def test_importance_is_what_the_score_says():

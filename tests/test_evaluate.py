@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from bsi.data import BatchStream, Example, collate, encode_example
 from bsi.pipeline.losses import answer_token_loss
-from bsi.pipeline.evaluate import Metrics, evaluate, generate_answers
+from bsi.pipeline.evaluate import Metrics, dataset_loss, evaluate, generate_answers
 from bsi.models import TINY_MODEL, load_model_and_tokenizer
 from bsi.pipeline.training import finetune
 
@@ -94,6 +96,12 @@ def test_evaluate_after_overfitting_four_examples(tiny):
     assert after.examples == 4
     assert generate_answers(model, tokenizer, [EXAMPLES[0].question])[0] == EXAMPLES[0].answer
 
-
-def test_metrics_to_dict():
-    assert Metrics(accuracy=0.5, loss=1.25, examples=8).to_dict() == {"accuracy": 0.5, "loss": 1.25, "examples": 8}
+    # accuracy counts the answers that match: the same question with a wrong gold answer scores 4 of 5,
+    # whatever the batch size; the loss is the token-weighted one of the whole set; to_dict is plain JSON
+    wrong = Example(EXAMPLES[0].question, "2 + 3 = 6\n#### 6")
+    mixed = [evaluate(model, tokenizer, [*EXAMPLES, wrong], batch_size=size, max_new_tokens=24) for size in (1, 2)]
+    expected = {"accuracy": 0.8, "loss": pytest.approx(dataset_loss(model, tokenizer, [*EXAMPLES, wrong]), rel=1e-4),
+                "examples": 5}
+    for metrics in mixed:
+        assert isinstance(metrics, Metrics) and metrics.to_dict() == expected
+        assert json.loads(json.dumps(metrics.to_dict())) == metrics.to_dict()

@@ -18,12 +18,15 @@ def cuda_batches():
 
 @pytest.mark.parametrize("scope", ["model", "layer"])
 def test_bf16_compression_on_cuda_keeps_sigma_fp32(tmp_path, scope):
+    """The hutchinson source, the only one that reads probe_scope, in bf16 on the GPU."""
     model = make_tiny_llama().to("cuda", torch.bfloat16)
     config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=2,
-                            probe_scope=scope)
+                            curvature="hutchinson", probe_scope=scope)
     compressor = Compressor(model, cuda_batches(), config, lm_loss, compute_dtype=torch.bfloat16)
     assert compressor.eps == 0.1  # bf16 has 7 fraction bits: the rule caps eps at eps_max
     rounds = [r for r in compressor.run() if type(r).__name__ == "RoundReport"]
+    assert all(r.curvature == "hutchinson" for r in rounds)
+    assert any(float(layer.hessian.abs().sum()) > 0 for layer in rounds[0].layers)  # the probes measured something
     layer = compressor.layers["model.layers.0.mlp.up_proj"]
     assert layer.sigma.dtype == torch.float32 and layer.sigma.is_cuda and layer.U.dtype == torch.bfloat16
     assert rounds[-1].params_compressible < rounds[-1].compressible_before

@@ -16,7 +16,7 @@ from bsi.config import CompressConfig, make_config
 from bsi.method.bases import InputStatistics, svd_bases, whitened_bases
 from bsi.method.curvature import Fisher, profile_batch, sigma_gradients
 from bsi.method.engine import Compressor
-from bsi.method.layers import BasisLinear, LowRankLinear, SigmaGradientRecorder
+from bsi.method.layers import BasisLinear, LowRankLinear, SigmaGradientRecorder, factor_cost, stored_cost
 from bsi.method.schedule import cut_caps, gradual_budgets
 from bsi.method.surgery import compressible_linear_names, to_basis_form
 from bsi.pipeline.losses import DistillationLoss, answer_token_loss, distillation_kl
@@ -97,16 +97,23 @@ def test_no_round_removes_far_more_than_its_share(size):
     factor = 1.5
     config = CompressConfig(rounds=3, iters_per_epoch=12, sampling_ratio=0.5, aux_rank=1, max_cut_factor=factor,
                             gamma=2.0, bases="svd", **size)
-    start = sum(min(model.get_submodule(n).weight.shape) for n in compressible_linear_names(model))
+    shapes = {n: model.get_submodule(n).weight.shape for n in compressible_linear_names(model)}  # (out, in)
+    start = sum(min(shape) for shape in shapes.values())
     rounds = [r for r in Compressor(model, token_batches(), config, lm_loss).run() if isinstance(r, RoundReport)]
     assert len(rounds) == 3
-    for r in rounds:
+    budgets = gradual_budgets(sum(factor_cost(i, o, min(o, i), 1) for o, i in shapes.values()),
+                              round(config.target_ratio * sum(o * i for o, i in shapes.values())), config.rounds)
+    for r, (budget, measure) in zip(rounds, budgets):
         active = sum(layer.rank_before for layer in r.layers)
         share = r.removed / active
         if size["size_mode"] == "keep":
             limit = 1 - config.keep_per_round
-            for layer in r.layers:  # every layer within the cap of its own bases
-                assert layer.rank_before - layer.rank_after <= math.ceil(factor * limit * layer.rank_before)
+        else:  # the round's even share of the size it must shed, in the budget's own measure
+            cost = factor_cost if measure == "factor" else stored_cost
+            now = sum(cost(shapes[layer.name][1], shapes[layer.name][0], layer.rank_before, 1) for layer in r.layers)
+            limit = max(0.0, 1 - budget / now)
+        for layer in r.layers:  # every layer within the cap of its own bases
+            assert layer.rank_before - layer.rank_after <= math.ceil(factor * limit * layer.rank_before), layer.name
         assert 0 < r.removed and share < 0.75
         assert math.isfinite(r.loss_before) and math.isfinite(r.loss_after)
     assert sum(r.removed for r in rounds) < start
