@@ -274,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{err.prog}: error: {err}", file=sys.stderr)
         return 2
     except BSIError as err:
-        print(f"bsi {args.command if args else ''}: error: {err}".replace(" :", ":"), file=sys.stderr)
+        print(f"{_prog(args)}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"bsi{' ' + args.command if args else ''}: {_interrupted(args)}", file=sys.stderr)
+        print(f"{_prog(args)}: {_interrupted(args)}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader left while we were still printing: say nothing more
         _finish_output()
@@ -285,9 +285,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # the last resort: a bug, or the machine (out of memory)
         command = _subparser(parser, args.command) if parser is not None and args is not None else None
         flags = {o for a in command._actions for o in a.option_strings} if command is not None else set()
-        message = crash_message(err, flags, save_traceback(err, argv))
-        print(f"bsi{' ' + args.command if args else ''}: error: {message}", file=sys.stderr)
+        print(f"{_prog(args)}: error: {crash_message(err, flags, save_traceback(err, argv))}", file=sys.stderr)
         return 1
+
+
+def _prog(args: argparse.Namespace | None) -> str:
+    """``bsi eval``, or ``bsi`` before a command is known."""
+    return f"bsi {args.command}" if args is not None else "bsi"
 
 
 if __name__ == "__main__":  # pragma: no cover

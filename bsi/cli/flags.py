@@ -1,4 +1,4 @@
-"""Command-line flags generated from the configuration dataclasses.
+"""Command-line flags: the configuration's, generated from its dataclasses, and the model commands' shared ones.
 
 Every field of :class:`~bsi.config.PipelineConfig` and of its sections that is
 marked for the command line (:func:`bsi.config.option`) becomes a flag:
@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bsi.config import DTYPES, NESTED, SECTIONS, PipelineConfig, field_help, make_config
+from bsi.config import NESTED, SECTIONS, PipelineConfig, make_config
 
 #: flags kept for compatibility or brevity: field -> extra option strings
 ALIASES = {("compress", "probes_per_batch"): ("--probes",)}
@@ -62,7 +63,7 @@ def number_in(low: float, high: float | None = None, *, include_low: bool = Fals
             raise argparse.ArgumentTypeError(f"must be a number, got '{text}'") from None
         above = value >= low if include_low else value > low
         below = high is None or (value <= high if include_high else value < high)
-        if not (above and below and value == value and abs(value) != float("inf")):
+        if not (math.isfinite(value) and above and below):
             interval = (f"{'[' if include_low else '('}{low:g}, {high:g}{']' if include_high else ')'}"
                         if high is not None else None)
             wanted = f"in {interval}" if interval else f"{'>=' if include_low else '>'} {low:g}"
@@ -89,7 +90,7 @@ REQUIRED = object()
 
 @dataclass(frozen=True)
 class ModelFlag:
-    """A flag that means what the run configuration's field ``name`` means (its help, its choices).
+    """A flag that means what the run configuration's field ``name`` means: its help text and its choices.
 
     ``parse`` reads and checks the value (None: an on/off switch).
     """
@@ -97,11 +98,14 @@ class ModelFlag:
     name: str
     parse: Callable[[str], Any] | None
     metavar: str | None = None
-    choices: tuple | None = None
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def field(self) -> dataclasses.Field:
+        return {f.name: f for f in dataclasses.fields(PipelineConfig)}[self.name]
 
 
 #: The flags that every command loading a model spells, reads and checks the same way.
@@ -114,7 +118,7 @@ MODEL_FLAGS: dict[str, ModelFlag] = {f.name: f for f in (
     ModelFlag("max_length", whole_number(16), "N"),
     ModelFlag("max_new_tokens", whole_number(1), "N"),
     ModelFlag("device", device_name, "DEVICE"),
-    ModelFlag("dtype", str, None, ("auto", *DTYPES)),
+    ModelFlag("dtype", str),
     ModelFlag("seed", whole_number(), "N"),
     ModelFlag("trust_remote_code", None),
 )}
@@ -131,11 +135,11 @@ def add_model_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any],
     helps = helps or {}
     for name, default in defaults.items():
         spec = MODEL_FLAGS[name]
-        help_text = helps.get(name) or field_help(PipelineConfig, name)
+        help_text = helps.get(name) or spec.field.metadata["help"]
         if spec.parse is None:
             parser.add_argument(spec.flag, action="store_true", help=help_text)
             continue
-        parser.add_argument(spec.flag, type=spec.parse, choices=spec.choices, metavar=spec.metavar,
+        parser.add_argument(spec.flag, type=spec.parse, choices=spec.field.metadata.get("choices"), metavar=spec.metavar,
                             required=default is REQUIRED, default=None if default is REQUIRED else default,
                             help=help_text.replace("%", "%%"))
 
