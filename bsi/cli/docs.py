@@ -133,11 +133,12 @@ def flag_tables(command: str) -> str:
     groups = _groups(parser)
     config = [(t, a) for t, a in groups if t in CONFIG_GROUPS]
     own = [(t, a) for t, a in groups if t not in CONFIG_GROUPS]
+    shown = groups if command == "compress" else own
     blocks = []
-    for title, actions in own if command != "compress" else groups:
+    for title, actions in shown:
         heading = CONFIG_GROUPS.get(title) or OWN_GROUPS.get(title, title[:1].upper() + title[1:])
         rows = "\n".join(flag_row(a, formatter) for a in actions)
-        blocks.append((f"**{heading}**\n\n" if len(groups) > 1 else "") + f"| flag | default | meaning |\n|---|---|---|\n{rows}")
+        blocks.append((f"**{heading}**\n\n" if len(shown) > 1 else "") + f"| flag | default | meaning |\n|---|---|---|\n{rows}")
     if config and command != "compress":
         blocks.append(_shared_config_sentence(command, config))
     return "\n\n".join(blocks)
