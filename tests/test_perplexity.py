@@ -1,4 +1,4 @@
-"""Perplexity: its windows, and its value against an independent token-by-token computation.
+"""Perplexity: its windows, its value against an independent token-by-token computation, `bsi eval --perplexity`.
 
 The reference computation runs the tiny random Llama once per scored token,
 on exactly the context the stated protocol gives that token.
@@ -8,25 +8,44 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from bsi.data import TextBatchStream, check_window, cut_windows
+from bsi.cli import main
+from bsi.data import WIKITEXT_2, TextBatchStream, check_window, cut_windows, load_text_task
 from bsi.errors import BSIError
-from bsi.models import build_tiny_model
+from bsi.models import build_tiny_model, build_tiny_tokenizer
 from bsi.pipeline.losses import answer_token_loss
 from bsi.pipeline.perplexity import (
     PerplexityResult,
     measure_perplexity,
+    text_task_perplexity,
     window_spans,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def tiny():
     """The tiny random Llama (vocabulary 259, context 512) and its byte-level tokenizer."""
     return build_tiny_model()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def wikitext(tokenizer):
+    """The packaged WikiText-2 with the byte-level tokenizer (one token per byte), windows of 64."""
+    return load_text_task(WIKITEXT_2, tokenizer, window=64)
 
 
 def _stream(length: int, seed: int = 0, vocab: int = 259) -> torch.Tensor:
@@ -148,7 +167,95 @@ def test_windows_cover_the_stream_as_documented(length, window, stride):
         assert spans[-1].end == length or (stride == window and spans[-1].end == length - 1)
 
 
-# ------------------------------------------------------------------ bad windows and strides
+# ------------------------------------------------------------------ bsi eval --perplexity
+
+
+def test_bsi_eval_perplexity_prints_the_figure_and_its_protocol_in_one_line(capsys, wikitext, tiny):
+    assert main(["eval", "--perplexity", "--model", "tiny-random-llama", "--window", "64", "--stride", "32",
+                 "--max-windows", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    line = lines[0]
+    for phrase in ("perplexity ", "wikitext-2: test.txt", "tokenized release", "not raw", "window 64, stride 32",
+                   "tokens scored", "the first 3 of"):
+        assert phrase in line, phrase
+    expected = text_task_perplexity(tiny[0], wikitext, stride=32, max_windows=3)
+    assert f"perplexity {expected.perplexity:.3f}" in line and f"{expected.tokens_scored:,} tokens scored" in line
+
+
+def test_bsi_eval_perplexity_json_holds_the_protocol_and_the_per_window_outcomes(capsys, tmp_path):
+    path = tmp_path / "mine.txt"
+    path.write_text("Some text of my own, long enough for a few windows. " * 20, encoding="utf-8")
+    assert main(["eval", "--perplexity", "--model", "tiny-random-llama", "--data", str(path), "--window", "100",
+                 "--held-out-fraction", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    tokens = path.stat().st_size  # one token per byte
+    assert result["data"] == str(path) and result["task"]["held_out_part"] == "all of it"
+    assert (result["window"], result["stride"], result["stream_tokens"]) == (100, 100, tokens)
+    assert result["windows"] == math.ceil(tokens / 100) and result["tokens_scored"] == tokens - math.ceil(tokens / 100)
+    assert len(result["window_nll_sums"]) == len(result["window_token_counts"]) == result["windows"]
+    assert sum(result["window_token_counts"]) == result["tokens_scored"]
+    assert result["perplexity"] == pytest.approx(math.exp(sum(result["window_nll_sums"]) / result["tokens_scored"]))
+    assert result["params_total"] > 0
+
+
+def test_bsi_eval_without_perplexity_on_text_says_to_add_it(capsys):
+    assert main(["eval", "--model", "tiny-random-llama", "--data", WIKITEXT_2]) == 2
+    assert "add --perplexity" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ bad input: one line each, before any work
+
+NO_MODEL = "./no-such-model"  # a data error must come first: the model is loaded only after the text is read
+
+
+def _bad(kind: str, tmp_path: Path) -> tuple[list[str], str]:
+    """The arguments of `bsi eval --perplexity` that give the bad input ``kind``, and a phrase its error holds."""
+    def write(name: str, data: bytes) -> str:
+        (tmp_path / name).write_bytes(data)
+        return str(tmp_path / name)
+
+    model = ["--model", NO_MODEL]
+    tiny = ["--model", "tiny-random-llama"]
+    text = write("ok.txt", b"plenty of text " * 100)
+    return {
+        "empty-file": ([*model, "--data", write("e.txt", b"")], "is empty"),
+        "white-space-file": ([*model, "--data", write("w.txt", b" \n\n \t")], "only white space"),
+        "shorter-than-a-window": ([*tiny, "--data", write("s.txt", b"too short"), "--window", "64"],
+                                  "fewer than one window of 64"),
+        "held-out-shorter-than-a-window": ([*tiny, "--data", text, "--window", "512", "--held-out-fraction", "0.1"],
+                                           "held-out part"),
+        "binary-file": ([*model, "--data", write("b.txt", bytes(range(256)) * 4)], "binary"),
+        "not-utf8": ([*model, "--data", write("l.txt", "caf\xe9 au lait".encode("latin-1"))], "not UTF-8"),
+        "jsonl-without-text-field": ([*model, "--data", write("q.jsonl", b'{"question": "x", "answer": "y"}\n')],
+                                     "missing field 'text'"),
+        "window-longer-than-context": ([*tiny, "--data", text, "--window", "1024"], "max_position_embeddings 512"),
+        "folder-without-txt": ([*model, "--data", str(tmp_path / "nothing-here")], "holds no .txt files"),
+        "missing-file": ([*model, "--data", str(tmp_path / "gone.txt")], "does not exist"),
+        "stride-larger-than-window": ([*model, "--window", "64", "--stride", "65"], "larger than the window"),
+        "stride-zero": ([*model, "--window", "64", "--stride", "0"], "at least 1"),
+        "window-one": ([*model, "--window", "1"], "at least 2 tokens"),
+        "max-windows-zero": ([*model, "--max-windows", "0"], "--max-windows"),
+        "held-out-fraction-zero": ([*model, "--held-out-fraction", "0"], "--held-out-fraction"),
+    }[kind]
+
+
+BAD_KINDS = ["empty-file", "white-space-file", "shorter-than-a-window", "held-out-shorter-than-a-window",
+             "binary-file", "not-utf8", "jsonl-without-text-field", "window-longer-than-context",
+             "folder-without-txt", "missing-file", "stride-larger-than-window", "stride-zero", "window-one",
+             "max-windows-zero", "held-out-fraction-zero"]
+
+
+@pytest.mark.parametrize("kind", BAD_KINDS)
+def test_bad_text_input_is_one_line_before_any_work(kind, tmp_path, capsys):
+    (tmp_path / "nothing-here").mkdir()
+    (tmp_path / "nothing-here" / "readme.md").write_text("no .txt here")
+    args, phrase = _bad(kind, tmp_path)
+    assert main(["eval", "--perplexity", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert phrase in err, err
+    assert "no-such-model" not in err  # the data or the flags were refused first
 
 
 def test_bad_windows_and_strides_are_refused_by_the_api_too(tiny):
@@ -163,6 +270,17 @@ def test_bad_windows_and_strides_are_refused_by_the_api_too(tiny):
         measure_perplexity(model, _stream(1), window=16)
     with pytest.raises(BSIError, match="at least 2 tokens"):
         check_window(1)
+
+
+def test_a_hub_dataset_in_offline_mode_is_one_line(tmp_path):
+    """Offline mode (HF_HUB_OFFLINE=1): datasets reads only its cache, which lacks it."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "BSI_CACHE": str(tmp_path / "cache"),
+           "HF_HOME": str(tmp_path / "hf"), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "bsi", "eval", "--perplexity", "--model", NO_MODEL,
+                           "--data", "nobody/no-such-text"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    err = done.stderr.strip()
+    assert len(err.splitlines()) == 1 and "not loadable from the Hugging Face hub" in err, err
 
 
 def test_the_result_states_its_protocol(tiny):
