@@ -237,13 +237,14 @@ def _bad(kind: str, tmp_path: Path) -> tuple[list[str], str]:
         "window-one": ([*model, "--window", "1"], "at least 2 tokens"),
         "max-windows-zero": ([*model, "--max-windows", "0"], "--max-windows"),
         "held-out-fraction-zero": ([*model, "--held-out-fraction", "0"], "--held-out-fraction"),
+        "batch-size-zero": ([*model, "--batch-size", "0"], "--batch-size"),
     }[kind]
 
 
 BAD_KINDS = ["empty-file", "white-space-file", "shorter-than-a-window", "held-out-shorter-than-a-window",
              "binary-file", "not-utf8", "jsonl-without-text-field", "window-longer-than-context",
              "folder-without-txt", "missing-file", "stride-larger-than-window", "stride-zero", "window-one",
-             "max-windows-zero", "held-out-fraction-zero"]
+             "max-windows-zero", "held-out-fraction-zero", "batch-size-zero"]
 
 
 @pytest.mark.parametrize("kind", BAD_KINDS)

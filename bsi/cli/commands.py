@@ -179,7 +179,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.perplexity:
         return _run_eval_perplexity(args)
     args.data = args.data or EMBEDDED_TASK
-    args.batch_size = args.batch_size or 16
+    args.batch_size = 16 if args.batch_size is None else args.batch_size
     if looks_like_text(args.data, args.text_field, args.question_field):
         raise BSIError(f"'{args.data}' is text, not a question/answer task: add --perplexity to measure perplexity on it")
     if args.examples < 1:
@@ -224,7 +224,7 @@ def _run_eval_perplexity(args: argparse.Namespace) -> int:
     from bsi.pipeline.perplexity import DEFAULT_BATCH_SIZE, check_stride, model_context, text_task_perplexity
 
     data = args.data or WIKITEXT_2
-    batch_size = args.batch_size or DEFAULT_BATCH_SIZE
+    batch_size = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
     check_window(args.window)
     check_stride(args.window if args.stride is None else args.stride, args.window)
     if args.max_windows is not None and args.max_windows < 1:

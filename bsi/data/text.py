@@ -158,6 +158,9 @@ def read_text_corpus(spec: str = WIKITEXT_2, *, text_field: str = DEFAULT_TEXT_F
     """
     if spec == WIKITEXT_2:
         folder = wikitext_2_folder()
+        missing = [name for name in ("valid.txt", "test.txt") if not (folder / name).is_file()]
+        if missing:
+            raise BSIError(f"the packaged WikiText-2 lacks {', '.join(missing)} in {folder}: reinstall bsi")
         return TextCorpus(
             name=WIKITEXT_2,
             release=WIKITEXT_2_RELEASE,

@@ -201,15 +201,15 @@ def window_nll(model: nn.Module, windows: torch.Tensor, first_scored: torch.Tens
     Returns:
         ``(B,)`` float64 NLL sums (nats) and ``(B,)`` int64 counts of scored tokens.
     """
-    positions = torch.arange(windows.shape[1])  # (T,)
-    scored = positions[None, :] >= first_scored[:, None]  # (B, T): token t of the row is scored
+    positions = torch.arange(windows.shape[1], device=windows.device)  # (T,)
+    scored = positions[None, :] >= first_scored.to(windows.device)[:, None]  # (B, T): token t of the row is scored
     labels = torch.where(scored, windows, torch.full_like(windows, IGNORE_INDEX))  # (B, T)
     logits, targets = answer_logits(model, {"input_ids": windows, "labels": labels})  # (N, V) float32, (N,)
     rows = scored[:, 1:].nonzero()[:, 0].to(logits.device)  # (N,) row of each scored token, in the same order
     nll = torch.cat([F.cross_entropy(logits[i : i + _CROSS_ENTROPY_ROWS], targets[i : i + _CROSS_ENTROPY_ROWS],
                                      reduction="none") for i in range(0, targets.numel(), _CROSS_ENTROPY_ROWS)])  # (N,)
     sums = torch.zeros(windows.shape[0], dtype=torch.float64, device=logits.device).index_add_(0, rows, nll.double())
-    return sums.cpu(), scored[:, 1:].sum(dim=1)
+    return sums.cpu(), scored[:, 1:].sum(dim=1).cpu()
 
 
 def _batches(spans: list[WindowSpan], batch_size: int) -> Iterator[list[int]]:
