@@ -153,24 +153,35 @@ def run_export(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- eval
 def add_eval(p: argparse.ArgumentParser) -> None:
-    add_model_flags(p, {"model": REQUIRED, "data": "embedded-math", "question_field": "question",
-                        "answer_field": "answer"},
-                    helps={"model": "a bsi output folder, a model folder, a hub id or a built-in name"})
+    add_model_flags(p, {"model": REQUIRED, "data": None, "question_field": "question", "answer_field": "answer"},
+                    helps={"model": "a bsi output folder, a model folder, a hub id or a built-in name",
+                           "data": "task data: embedded-math, a .jsonl file or a hub name; with --perplexity, text: "
+                                   "wikitext-2 (packaged, tokenized release), a text file, a folder of .txt files, "
+                                   "a .jsonl file with a text field or a hub id "
+                                   "(default: embedded-math; wikitext-2 with --perplexity)"})
     p.add_argument("--examples", type=whole_number(1), default=100, metavar="N", help="test examples to score")
-    add_model_flags(p, {"batch_size": 16, "max_new_tokens": 96, "device": "auto", "dtype": "auto", "seed": 0,
+    add_model_flags(p, {"batch_size": None, "max_new_tokens": 96, "device": "auto", "dtype": "auto", "seed": 0,
                         "trust_remote_code": False},
-                    helps={"batch_size": "examples per generation batch",
+                    helps={"batch_size": "examples per evaluation batch; windows per forward pass with --perplexity "
+                                         "(default: 16; 4 with --perplexity)",
                            "seed": "seed of the test split (same as the compress run's to reuse it)"})
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    _add_perplexity_flags(p)
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from bsi.data import load_task
+    from bsi.data import EMBEDDED_TASK, looks_like_text, load_task
     from bsi.pipeline.evaluate import evaluate
     from bsi.method.surgery import model_parameters
     from bsi.models import check_model_spec, load_model_and_tokenizer, resolve_device, resolve_dtype
 
     check_model_spec(args.model)
+    if args.perplexity:
+        return _run_eval_perplexity(args)
+    args.data = args.data or EMBEDDED_TASK
+    args.batch_size = 16 if args.batch_size is None else args.batch_size
+    if looks_like_text(args.data, args.text_field, args.question_field):
+        raise BSIError(f"'{args.data}' is text, not a question/answer task: add --perplexity to measure perplexity on it")
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     task = load_task(args.data, question_field=args.question_field, answer_field=args.answer_field,
@@ -185,6 +196,70 @@ def run_eval(args: argparse.Namespace) -> int:
     else:
         print(f"accuracy {100 * metrics.accuracy:.1f}%  answer-token loss {metrics.loss:.4f}  "
               f"on {metrics.examples} examples  ({result['params_total']:,} parameters)")
+    return 0
+
+
+def _add_perplexity_flags(p: argparse.ArgumentParser) -> None:
+    """``bsi eval --perplexity`` and its protocol's flags (see :mod:`bsi.pipeline.perplexity`)."""
+    p.add_argument("--perplexity", action="store_true",
+                   help="measure perplexity on the held-out part of a text (--data) instead of accuracy on a task")
+    p.add_argument("--text-field", default="text", help="--perplexity: JSON field (or hub column) holding the text")
+    p.add_argument("--window", type=int, default=512, help="--perplexity: tokens per window (at most the model's context)")
+    p.add_argument("--stride", type=int,
+                   help="--perplexity: tokens between window starts; below the window, each window scores only its "
+                        "last STRIDE tokens and the rest is context (default: the window, non-overlapping windows)")
+    p.add_argument("--max-windows", type=int, help="--perplexity: score only the first N windows (default: all)")
+    p.add_argument("--held-out-fraction", type=float, default=0.1,
+                   help="--perplexity on your own text: the share of its tokens held out and scored, its tail after a "
+                        "seeded shuffle of its documents (1: all of it); wikitext-2 always scores test.txt")
+
+
+def _run_eval_perplexity(args: argparse.Namespace) -> int:
+    """``bsi eval --perplexity``: check the flags, read the text, load the model, then score."""
+    from bsi.data import WIKITEXT_2, check_window, read_text_corpus, tokenize_corpus
+    from bsi.method.surgery import model_parameters
+    from bsi.models import load_model_and_tokenizer, resolve_device, resolve_dtype
+    from bsi.pipeline.perplexity import DEFAULT_BATCH_SIZE, check_stride, model_context, text_task_perplexity
+
+    data = args.data or WIKITEXT_2
+    batch_size = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
+    check_window(args.window)
+    check_stride(args.window if args.stride is None else args.stride, args.window)
+    if args.max_windows is not None and args.max_windows < 1:
+        raise BSIError(f"--max-windows must be >= 1, got {args.max_windows} (leave it out to score every window)")
+    if batch_size < 1:
+        raise BSIError(f"--batch-size must be >= 1, got {batch_size}")
+    if not 0 < args.held_out_fraction <= 1:
+        raise BSIError(f"--held-out-fraction must be in (0, 1], got {args.held_out_fraction}")
+    device = resolve_device(args.device)
+    corpus = read_text_corpus(data, text_field=args.text_field)  # bad text is refused before the model loads
+    model, tokenizer = load_model_and_tokenizer(args.model, dtype=resolve_dtype(args.dtype, device), device=device,
+                                                trust_remote_code=args.trust_remote_code)
+    task = tokenize_corpus(corpus, tokenizer, window=args.window, held_out_fraction=args.held_out_fraction,
+                           seed=args.seed, max_context=model_context(model))
+    bar = None
+    if not args.json:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=0, unit="window", desc="perplexity", leave=False, file=sys.stderr, disable=None)
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+    try:
+        result = text_task_perplexity(model, task, stride=args.stride, batch_size=batch_size,
+                                      max_windows=args.max_windows, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    params = model_parameters(model)
+    if args.json:
+        print(json.dumps({"model": args.model, "data": data, "task": task.describe(), "params_total": params,
+                          **result.to_dict()}, indent=2))
+    else:
+        print(f"{result.summary_line()}; {params:,} parameters")
     return 0
 
 

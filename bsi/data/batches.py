@@ -143,6 +143,18 @@ def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
     return value
 
 
+def epoch_permutation(count: int, seed: int, epoch: int) -> list[int]:
+    """The order in which a batch stream visits its ``count`` items in one epoch.
+
+    A permutation of ``range(count)`` drawn from ``(seed, epoch)`` alone (a
+    private generator; the global random state is not touched), so a stream
+    can jump to any epoch and serve exactly the batches it would have served.
+    :class:`BatchStream` and :class:`bsi.data.text.TextBatchStream` share it.
+    """
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(count, generator=generator).tolist()
+
+
 class BatchStream:
     """An endless, reproducible stream of training mini-batches.
 
@@ -187,8 +199,7 @@ class BatchStream:
 
     def _epoch_order(self, epoch: int) -> list[int]:
         """Permutation of the examples for one epoch, from ``(seed, epoch)`` only."""
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(len(self._encoded), generator=generator).tolist()
+        return epoch_permutation(len(self._encoded), self.seed, epoch)
 
     def __iter__(self) -> BatchStream:
         return self
