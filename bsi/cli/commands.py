@@ -175,9 +175,9 @@ def run_eval(args: argparse.Namespace) -> int:
     from bsi.method.surgery import model_parameters
     from bsi.models import check_model_spec, load_model_and_tokenizer, resolve_device, resolve_dtype
 
-    check_model_spec(args.model)
     if args.perplexity:
-        return _run_eval_perplexity(args)
+        return _run_eval_perplexity(args)  # checks the text and its flags, then the model
+    check_model_spec(args.model)
     args.data = args.data or EMBEDDED_TASK
     args.batch_size = 16 if args.batch_size is None else args.batch_size
     if looks_like_text(args.data, args.text_field, args.question_field):
@@ -218,7 +218,7 @@ def _run_eval_perplexity(args: argparse.Namespace) -> int:
     """``bsi eval --perplexity``: check the flags, read the text, load the model, then score."""
     from bsi.data import WIKITEXT_2, check_window, read_text_corpus, tokenize_corpus
     from bsi.method.surgery import model_parameters
-    from bsi.models import load_model_and_tokenizer, resolve_device, resolve_dtype
+    from bsi.models import check_model_spec, load_model_and_tokenizer, resolve_device, resolve_dtype
     from bsi.pipeline.perplexity import DEFAULT_BATCH_SIZE, check_stride, model_context, text_task_perplexity
 
     data = args.data or WIKITEXT_2
@@ -233,6 +233,7 @@ def _run_eval_perplexity(args: argparse.Namespace) -> int:
         raise BSIError(f"--held-out-fraction must be in (0, 1], got {args.held_out_fraction}")
     device = resolve_device(args.device)
     corpus = read_text_corpus(data, text_field=args.text_field)  # bad text is refused before the model loads
+    check_model_spec(args.model)
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=resolve_dtype(args.dtype, device), device=device,
                                                 trust_remote_code=args.trust_remote_code)
     task = tokenize_corpus(corpus, tokenizer, window=args.window, held_out_fraction=args.held_out_fraction,
