@@ -44,7 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="model spec (the task-fine-tuned model, ideally)")
     p.add_argument("--shares", type=float, nargs="+", default=[0.13, 0.23, 0.32, 0.5])
     p.add_argument("--examples", type=int, default=32, help="test examples of the embedded task")
-    p.add_argument("--max-length", type=int, default=160)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", help="also write the figures here")
     args = p.parse_args(argv)
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     examples = load_task("embedded-math", test_size=100, seed=0).test[: args.examples]
 
     def loss() -> float:
-        return dataset_loss(model, tokenizer, examples, batch_size=16, max_length=args.max_length)
+        return dataset_loss(model, tokenizer, examples, batch_size=16)
 
     rows = [{"share": 0.0, "loss": loss()}]
     layers = to_basis_form(model, aux_rank=0)

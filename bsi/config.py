@@ -46,6 +46,7 @@ CENTER_GRADIENTS = ("exact", "average")
 SCORE_WINDOWS = ("profiling", "round")
 RECOVER_TARGETS = ("factors", "sigma")
 DTYPES = ("float32", "bfloat16", "float16")
+PROTOCOL_NAMES = ("tuned", "paper")
 
 T = TypeVar("T")
 
@@ -91,6 +92,7 @@ class _JsonConfig:
         if not isinstance(data, dict):
             raise BSIError(f"{cls.__name__} must be a JSON object, got {type(data).__name__}")
         fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        data = {k: v for k, v in data.items() if k not in getattr(cls, "LEGACY_KEYS", ())}
         unknown = sorted(set(data) - set(fields))
         if unknown:
             raise BSIError(
@@ -134,6 +136,10 @@ class CompressConfig(_JsonConfig):
     importance-mass rule with ``keep_ratio``).
     """
 
+    #: keys of earlier versions, accepted and ignored when reading JSON: ``seed`` (the run's one seed,
+    #: ``PipelineConfig.seed``, now seeds the probes and auxiliary vectors too).
+    LEGACY_KEYS = ("seed",)
+
     score: str = option("bsi", "importance score: bsi (gradient + curvature), bsi-grad (gradient only), "
                                "basel (|sigma|)", choices=SCORES)
     size_mode: str = option("target", "what sets the amount pruned: target (final size) or keep (the "
@@ -142,6 +148,10 @@ class CompressConfig(_JsonConfig):
                                       "(size mode target)", sets={"size_mode": "target"}, metavar="R")
     keep_ratio: float = option(0.6, "KeepRatio of the importance-mass rule, in (0, 1] (size mode keep)",
                                sets={"size_mode": "keep"}, metavar="K")
+    stops: tuple[float, ...] = option((), "size mode target: larger target ratios the run passes on its way to "
+                                          "target_ratio; each is reached at the end of a round, which names it "
+                                          "(RoundReport.stop), so one run yields a model of every size (bsi sweep)",
+                                      cli=False)
     rounds: int = option(4, "PruningRounds T: pruning rounds")
     iters_per_epoch: int = option(32, "NumIterPerEpoch: iterations of the pruning stage per epoch")
     pruning_epochs: float = option(1.0, "PruningEpochs")
@@ -191,7 +201,6 @@ class CompressConfig(_JsonConfig):
     distill: float = option(0.0, "weight w of the distillation term in the tuning steps: task loss + w * KL to "
                                  "the fine-tuned dense model (0: the task loss only)")
     max_skipped_batches: int = option(20, "stop after this many batches with non-finite values", cli=False)
-    seed: int = option(0, "seed of the probes and the auxiliary vectors", cli=False)
 
     def __post_init__(self) -> None:
         _check_choice(self.score, "score", SCORES)
@@ -235,6 +244,13 @@ class CompressConfig(_JsonConfig):
                "learning rates must be >= 0")
         _check(_number(self.distill) and 0 <= self.distill <= 100, f"distill must be in [0, 100], got {self.distill}")
         _check(self.max_skipped_batches >= 0, "max_skipped_batches must be >= 0")
+        stops = tuple(float(x) for x in self.stops) if isinstance(self.stops, (list, tuple)) else None
+        _check(stops is not None and all(_number(x) for x in stops), f"stops must be a list of numbers, got {self.stops}")
+        self.stops = tuple(sorted(set(stops), reverse=True))
+        if self.stops:
+            _check(self.size_mode == "target", "stops need size mode target (a target_ratio), not keep_ratio")
+            _check(all(self.target_ratio < x <= 1 for x in self.stops),
+                   f"every stop must lie in (target_ratio, 1] = ({self.target_ratio}, 1], got {list(self.stops)}")
         if self.round_length < 2:
             raise BSIError(
                 f"each pruning round has {self.round_length} iteration(s); raise iters_per_epoch or "
@@ -256,6 +272,11 @@ class CompressConfig(_JsonConfig):
     def round_length(self) -> int:
         """IterPerPruning: iterations per pruning round (tuning then profiling)."""
         return max(1, round(self.iters_per_epoch * self.pruning_epochs / self.rounds))
+
+    @property
+    def sizes(self) -> tuple[float, ...]:
+        """Every size the run reaches, largest first: the stops, then ``target_ratio`` (size mode target)."""
+        return (*self.stops, self.target_ratio)
 
     @property
     def selection_rule(self) -> str:
@@ -342,7 +363,11 @@ class PipelineConfig(_JsonConfig):
     recover: RecoverConfig = option(default_factory=RecoverConfig, help="stage 3")
     skip_finetune: bool = option(False, "start from the model as given (no stage 1)")
     distill_temperature: float = option(1.0, "softmax temperature of the distillation loss")
-    eval_examples: int = option(100, "test examples scored for accuracy (0: skip evaluation)")
+    validation_size: int = option(0, "training examples set aside as a validation set, never trained on (bsi sweep "
+                                     "chooses each method's recovery learning rate by its loss there)")
+    eval_examples: int = option(100, "test examples answered and scored for accuracy (0: skip evaluation)")
+    eval_loss_examples: int | None = option(None, "test examples scored for the answer-token loss, the first "
+                                                  "eval_examples of them also answered (default: eval_examples)")
     eval_batch_size: int = option(16, "examples per evaluation batch")
     max_new_tokens: int = option(48, "longest generated answer")
     dtype: str = option("auto", "auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16",
@@ -352,7 +377,11 @@ class PipelineConfig(_JsonConfig):
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less memory)")
     fsdp: bool = option(False, "under a launcher with several processes, shard the Basel form's bases across "
                                "them with FSDP (each holds about 1/N) while pruning; one process: no effect")
-    seed: int = option(0, "seed of data order, splits and probes")
+    seed: int = option(0, "seed of everything random: test/validation splits, batch order, calibration batches, "
+                          "probes, the auxiliary vectors' start")
+    protocol: str = option("tuned", "settings of the engine methods: tuned (bsi's improved defaults) or paper (the "
+                                    "published method: plain SVD bases, per-layer mass rule, symmetric-perturbation "
+                                    "curvature); applied after the preset, before the other flags", choices=PROTOCOL_NAMES)
     preset: str | None = option(None, "the preset this configuration started from", cli=False)
 
     def __post_init__(self) -> None:
@@ -372,8 +401,21 @@ class PipelineConfig(_JsonConfig):
         _check(_number(self.distill_temperature) and self.distill_temperature > 0,
                f"distill_temperature must be > 0, got {self.distill_temperature}")
         _check_choice(self.dtype, "dtype", ("auto",) + DTYPES)
+        _check(_integer(self.validation_size) and self.validation_size >= 0,
+               f"validation_size must be an integer >= 0, got {self.validation_size}")
+        _check(self.eval_loss_examples is None or (_integer(self.eval_loss_examples) and self.eval_loss_examples >= 0),
+               f"eval_loss_examples must be an integer >= 0, got {self.eval_loss_examples}")
+        _check(self.scored_examples <= self.test_size,
+               f"the evaluation scores {self.scored_examples} test examples but test_size is {self.test_size}: "
+               "raise test_size or lower eval_examples / eval_loss_examples")
+        _check_choice(self.protocol, "protocol", PROTOCOL_NAMES)
         _check(self.train_size is None or (_integer(self.train_size) and self.train_size >= 1),
                f"train_size must be >= 1, got {self.train_size}")
+
+    @property
+    def scored_examples(self) -> int:
+        """Test examples the evaluation scores: the loss's set, which contains the answered ones."""
+        return max(self.eval_examples, self.eval_loss_examples or 0)
 
     @property
     def needs_teacher(self) -> bool:
@@ -401,6 +443,41 @@ SECTIONS = ("finetune", "compress", "recover")
 def field_help(cls: type, name: str) -> str:
     """The help text of a config field (for the CLI and the dashboard)."""
     return {f.name: f for f in dataclasses.fields(cls)}[name].metadata.get("help", "")
+
+
+# -------------------------------------------------------------- protocols
+#: The engine methods' settings under each protocol (``PipelineConfig.protocol``). ``paper`` is the
+#: published BSI and Basel (docs/method.md, "Protocols"); ``tuned`` is bsi's defaults, each deviation
+#: measured there. Schedules (rounds, iterations) are the preset's. The truncation baselines are the
+#: published methods under both (:class:`bsi.pipeline.methods.BaselineConfig`).
+PROTOCOLS: dict[str, dict[str, Any]] = {
+    "tuned": {
+        "description": "bsi's defaults: whitened bases, global selection for loss-unit scores, a per-round cut cap, "
+                       "the Fisher curvature over every batch of the round, first-order terms tested against noise",
+        "compress": {"bases": "whitened", "selection": "auto", "max_cut_factor": 2.0, "curvature": "fisher",
+                     "score_window": "round", "gradient_z": 5.0, "eps_floor": 1e-4},
+    },
+    "paper": {
+        "description": "the published method: plain SVD bases, each layer's importance-mass rule, no cut cap, "
+                       "symmetric-perturbation (Hutchinson) curvature on the profiling batches, the plain Taylor "
+                       "estimate, the eps rule",
+        "compress": {"bases": "svd", "selection": "mass", "max_cut_factor": 0.0, "curvature": "hutchinson",
+                     "probe_scope": "model", "hessian_method": "fd", "score_window": "profiling",
+                     "gradient_z": 0.0, "eps_floor": 0.0},
+    },
+}
+
+
+def protocol_deviations(config: "PipelineConfig") -> list[str]:
+    """The ``compress`` settings of ``config`` that differ from its protocol's, as ``field=value`` (empty: none).
+
+    A run states its protocol; when a flag overrode part of it, the run's
+    notes say exactly what, so a row is never called the published method
+    when it is not.
+    """
+    wanted = PROTOCOLS[config.protocol]["compress"]
+    have = config.compress.to_dict()
+    return [f"{key}={have[key]}" for key, value in wanted.items() if have[key] != value]
 
 
 # ---------------------------------------------------------------- presets
@@ -449,8 +526,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "compress": {"rounds": 4, "iters_per_epoch": 12, "sampling_ratio": 0.25},
         "recover": {"steps": 8, "lr": 2e-5, "warmup_steps": 1},
     },
-    # The paper's scale (GPU): long schedules, many profiling batches.
-    "paper": {
+    # The paper's scale (GPU): long schedules, many profiling batches (with --protocol paper, the published method).
+    "paper-scale": {
         "test_size": 1000,
         "eval_examples": 1000,
         "batch_size": 16,
@@ -464,23 +541,93 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-#: ``bsi sweep``'s target sizes when neither the flag nor the preset names them.
-SWEEP_TARGETS: tuple[float, ...] = (0.8, 0.6, 0.4, 0.25, 0.15)
+METHOD_NAMES = ("svd", "svd-llm", "fwsvd", "asvd", "basel", "bsi-grad", "bsi")
+"""Every compression method (:data:`bsi.pipeline.methods.METHODS` holds them; this list needs no torch)."""
 
-#: What ``bsi sweep --preset NAME`` sets beyond the pipeline preset: the grid's ``targets`` and the
-#: truncation baselines' own recovery (``baseline_recover_steps``, ``baseline_recover_lr``; None: the
-#: shared ``recover`` section). Flags override each. In ``sweep-cpu`` the one-shot truncations, which
-#: start their recovery far from the task (plain SVD at 0.4: loss 15 where the dense model is at
-#: 0.02), get 64 steps at lr 1e-4; the engine methods keep the shared 8 at 2e-5 (docs/benchmarks.md).
+ENGINE_METHODS = ("basel", "bsi-grad", "bsi")
+"""The methods the protocols apply to (the truncation methods are the published ones under every protocol)."""
+
+
+@dataclass
+class SweepConfig(_JsonConfig):
+    """A comparison study: which methods, sizes, seeds and protocols, and how recovery is budgeted.
+
+    Every method gets the same recovery steps (the ``recover`` section of the
+    pipeline configuration). With an ``lr_grid``, each method's recovery
+    learning rate is chosen from it by the answer-token loss on a validation
+    set carved from the *training* data (``validation_size`` of the pipeline
+    configuration; never the test problems): on the first seed, at each of
+    ``lr_targets`` (every target when empty); every other target and seed
+    uses the choice made at the nearest of them (in log size). Choices and
+    their validation losses are recorded in the results.
+    """
+
+    methods: tuple[str, ...] = option(METHOD_NAMES, "methods compared")
+    targets: tuple[float, ...] = option((0.6, 0.4, 0.25), "target ratios of the compressible layers' parameters, "
+                                                          "for every method")
+    extra_targets: dict = option(default_factory=dict, help="more targets for some methods only, e.g. "
+                                                            "{\"bsi\": [0.02]}")
+    seeds: tuple[int, ...] = option((0,), "run seeds: each its own splits, fine-tune, batches and probes")
+    protocols: tuple[str, ...] = option(("tuned",), "protocols of the engine methods (see PROTOCOLS)")
+    protocol_settings: dict = option(default_factory=dict, help="per protocol, pipeline settings its engine runs "
+                                                                "need on top (e.g. a longer schedule for paper)")
+    lr_grid: tuple[float, ...] = option((), "recovery learning rates to choose from by validation loss (empty: "
+                                            "the recover section's lr for every method)")
+    lr_targets: tuple[float, ...] = option((), "targets where the learning rate is chosen, on the first seed "
+                                               "(empty: every target)")
+    baseline: dict = option(default_factory=dict, help="settings of the truncation baselines (BaselineConfig "
+                                                       "fields; the defaults are the published methods)")
+    speed_repeats: int = option(0, "decode-speed timings per model against the dense one (0: none)")
+    speed_tokens: int = option(32, "new tokens per speed timing")
+
+    def __post_init__(self) -> None:
+        self.methods = tuple(self.methods)
+        self.targets = tuple(float(t) for t in self.targets)
+        self.seeds = tuple(int(x) for x in self.seeds)
+        self.protocols = tuple(self.protocols)
+        self.lr_grid = tuple(float(x) for x in self.lr_grid)
+        self.lr_targets = tuple(float(x) for x in self.lr_targets)
+        self.extra_targets = {m: tuple(float(t) for t in ts) for m, ts in dict(self.extra_targets).items()}
+        _check(bool(self.methods), f"name at least one method: {', '.join(METHOD_NAMES)}")
+        for name in (*self.methods, *self.extra_targets):
+            _check_choice(name, "method", METHOD_NAMES)
+        _check(len(set(self.methods)) == len(self.methods), f"methods has duplicates: {', '.join(self.methods)}")
+        _check(bool(self.targets), "name at least one target")
+        for t in (*self.targets, *(t for ts in self.extra_targets.values() for t in ts), *self.lr_targets):
+            _check(_number(t) and 0 < t <= 1, f"targets must be numbers in (0, 1], got {t}")
+        _check(len(set(self.targets)) == len(self.targets), f"targets has duplicates: {list(self.targets)}")
+        _check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds),
+               f"seeds must be distinct integers, got {list(self.seeds)}")
+        _check(bool(self.protocols), "name at least one protocol")
+        for name in (*self.protocols, *self.protocol_settings):
+            _check_choice(name, "protocol", PROTOCOL_NAMES)
+        _check(all(_number(x) and x > 0 for x in self.lr_grid), f"lr_grid must be positive numbers, got {self.lr_grid}")
+        _check(all(t in self.targets for t in self.lr_targets),
+               f"lr_targets must be among the targets {list(self.targets)}, got {list(self.lr_targets)}")
+        _check(_integer(self.speed_repeats) and self.speed_repeats >= 0, f"speed_repeats must be >= 0, got {self.speed_repeats}")
+        _check(_integer(self.speed_tokens) and self.speed_tokens >= 2, f"speed_tokens must be >= 2, got {self.speed_tokens}")
+
+    def targets_of(self, method: str) -> tuple[float, ...]:
+        """The sizes ``method`` is run at, largest first."""
+        return tuple(sorted({*self.targets, *self.extra_targets.get(method, ())}, reverse=True))
+
+    def lr_target_for(self, target: float) -> float:
+        """The target whose learning-rate choice ``target`` uses: itself when chosen there, else the nearest in log size."""
+        chosen = self.lr_targets or self.targets
+        if target in chosen:
+            return target
+        return min(chosen, key=lambda t: (abs(math.log(t / target)), -t))
+
+
+#: What ``bsi sweep --preset NAME`` sets beyond the pipeline preset (fields of :class:`SweepConfig`).
 SWEEP_PRESETS: dict[str, dict[str, Any]] = {
-    "sweep-cpu": {"targets": (0.6, 0.4, 0.25), "baseline_recover_steps": 64, "baseline_recover_lr": 1e-4},
+    "sweep-cpu": {"targets": (0.6, 0.4, 0.25)},
 }
 
 
-def sweep_defaults(preset: str | None) -> dict[str, Any]:
-    """The sweep settings of a preset (:data:`SWEEP_PRESETS`), with the general defaults where it names none."""
-    general = {"targets": SWEEP_TARGETS, "baseline_recover_steps": None, "baseline_recover_lr": None}
-    return general | SWEEP_PRESETS.get(preset or "", {})
+def make_sweep_config(preset: str | None, overrides: dict[str, Any] | None = None) -> SweepConfig:
+    """The :class:`SweepConfig` of a preset (:data:`SWEEP_PRESETS`; the defaults where it has none) with overrides."""
+    return SweepConfig.from_dict({**SWEEP_PRESETS.get(preset or "", {}), **(overrides or {})})
 
 
 def deep_update(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -523,17 +670,24 @@ def make_config(preset: str | None = None, overrides: dict[str, Any] | None = No
                 base: PipelineConfig | None = None) -> PipelineConfig:
     """Build a validated :class:`PipelineConfig` from a preset (or a ``base`` config) and nested overrides.
 
+    Order: the preset, then the protocol's settings when a protocol is named
+    (in the overrides or the preset, :data:`PROTOCOLS`), then the overrides.
     Overrides may imply other fields (see :func:`implied_updates`).
     """
     if base is not None and preset is not None:
         raise BSIError("give a preset or a base config, not both")
     data: dict[str, Any] = (base or PipelineConfig()).to_dict()
+    overrides = overrides or {}
     if preset is not None:
         if preset not in PRESETS:
             raise BSIError(f"unknown preset '{preset}': use one of {', '.join(PRESETS)}")
         data = deep_update(data, implied_updates(PRESETS[preset]))
         data["preset"] = preset
-    data = deep_update(data, implied_updates(overrides or {}))
+    protocol = overrides.get("protocol") or (PRESETS.get(preset or "", {}).get("protocol") if preset else None)
+    if protocol is not None:  # named explicitly: its settings go on the preset's, the flags on both
+        _check_choice(protocol, "--protocol", PROTOCOL_NAMES)
+        data = deep_update(data, {"protocol": protocol, "compress": PROTOCOLS[protocol]["compress"]})
+    data = deep_update(data, implied_updates(overrides))
     return PipelineConfig.from_dict(data)
 
 

@@ -103,10 +103,32 @@ class RoundReport(_Report):
     #: share of pool bases whose first-order term passed the significance test (bsi with gradient_z > 0);
     #: nan when no test ran (another score, z = 0, or a source without per-example gradients)
     significant_gradients: float = float("nan")
+    #: the size this round landed on (a stop of the run's path, or its target_ratio; KeepRatio in keep mode,
+    #: last round only); None for a round in between. A consumer that wants the model of that size copies it now.
+    stop: float | None = None
 
     @property
     def compressible_ratio(self) -> float:
         """Compressible-layer parameters now / before (1.0 = nothing removed)."""
+        return self.params_compressible / max(self.compressible_before, 1)
+
+
+@dataclass(frozen=True)
+class SizeReport(_Report):
+    """Stage 2 reached one of the run's sizes (``CompressConfig.sizes``): the model has that size now.
+
+    A run with stops yields one per size, largest first; the pipeline's model
+    has this size until the generator resumes, so a consumer that wants it
+    (``bsi sweep``) copies it on receipt.
+    """
+
+    target: float  # compressible parameters after / before, as asked
+    params_total: int
+    params_compressible: int
+    compressible_before: int
+
+    @property
+    def compressible_ratio(self) -> float:
         return self.params_compressible / max(self.compressible_before, 1)
 
 

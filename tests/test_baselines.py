@@ -9,6 +9,8 @@ from bsi.method.bases import weighted_svd
 from bsi.method.schedule import LayerShape
 from bsi.pipeline.baselines import (
     activation_scales,
+    example_row_norms,
+    fisher_row_information,
     fisher_row_weights,
     install_bases,
     sensitivity_ranks,
@@ -20,6 +22,8 @@ from bsi.method.layers import BasisLinear
 from bsi.pipeline.methods import METHODS, BaselineConfig, get_method
 from bsi.pipeline.runner import Pipeline
 from bsi.models import load_model_and_tokenizer
+from bsi.pipeline.losses import answer_token_loss
+from bsi.reports import SizeReport
 
 
 def truncate(u, s, v, k):
@@ -41,8 +45,7 @@ def test_fwsvd_has_lower_fisher_weighted_error_than_svd():
     g = torch.Generator().manual_seed(1)
     w = torch.randn(32, 24, generator=g)
     d = torch.exp(2 * torch.randn(32, generator=g))  # some rows matter far more to the task
-    grad_sq = (d**2)[:, None].expand(32, 24) / 24  # row sums = d^2
-    rows = fisher_row_weights(grad_sq)
+    rows = fisher_row_weights(d**2)  # each row's summed information d^2
     torch.testing.assert_close(rows, d, rtol=1e-4, atol=1e-6)
     for k in (2, 4, 8):
         plain = truncate(*weighted_svd(w), k)
@@ -65,9 +68,45 @@ def test_asvd_has_lower_activation_weighted_output_error_than_svd():
         assert (test @ (w - aware).T).norm() < 0.9 * (test @ (w - plain).T).norm()
 
 
+def test_example_row_norms_are_those_of_each_examples_own_gradient():
+    g = torch.Generator().manual_seed(3)
+    x, e = torch.randn(3, 5, 7, generator=g), torch.randn(3, 5, 4, generator=g)  # (B, T, in), (B, T, out)
+    expected = sum((e[b].T @ x[b]).square().sum(dim=1) for b in range(3))  # G_b = E_b^T X_b, (out, in)
+    torch.testing.assert_close(example_row_norms(x, e), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_fisher_information_sums_squared_per_example_gradients(isolated_cache):
+    """One backward pass per batch gives exactly what a backward pass per example gives."""
+    from bsi.data import BatchStream, load_task
+
+    model, tokenizer = load_model_and_tokenizer("tiny-random-llama")
+    task = load_task("embedded-math", test_size=2, train_size=8, seed=0)
+    stream = BatchStream(task.train, tokenizer, batch_size=4, max_length=96, seed=0)
+    names = ["model.layers.0.mlp.down_proj", "model.layers.1.self_attn.k_proj"]
+    modules = {n: model.get_submodule(n) for n in names}
+    gen = fisher_row_information(model, modules, iter([next(stream)]), 1, answer_token_loss)
+    try:
+        while True:
+            next(gen)
+    except StopIteration as done:
+        rows = done.value
+    batch = BatchStream(task.train, tokenizer, batch_size=4, max_length=96, seed=0).__next__()
+    expected = {n: torch.zeros(m.weight.shape[0]) for n, m in modules.items()}
+    for b in range(4):
+        single = {k: v[b : b + 1] for k, v in batch.items()}
+        model.zero_grad()
+        for m in modules.values():
+            m.weight.requires_grad_(True)
+        answer_token_loss(model, single).backward()
+        for n, m in modules.items():
+            expected[n] += m.weight.grad.square().sum(dim=1)
+    for n in names:
+        torch.testing.assert_close(rows[n], expected[n], rtol=1e-3, atol=1e-7)
+
+
 def test_weights_are_positive_even_for_dead_rows_and_channels():
-    assert fisher_row_weights(torch.zeros(3, 4)).min() > 0
-    rows = fisher_row_weights(torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
+    assert fisher_row_weights(torch.zeros(3)).min() > 0
+    rows = fisher_row_weights(torch.tensor([1.0, 0.0]))
     assert rows.min() > 0 and rows[0] == 1
     assert activation_scales(torch.tensor([0.0, 4.0])).min() > 0
 
@@ -135,6 +174,31 @@ def test_sensitivity_allocation_through_the_pipeline(isolated_cache):
     *_, done = pipeline.run()
     assert abs(done.summary["compressible_ratio"] - 0.3) <= 0.003
     assert len(set(done.summary["ranks"].values())) > 2  # not a uniform allocation
+
+
+def sizes_of(name, target, stops=()):
+    """{target: state dict} at every SizeReport of a truncation run (no fine-tune, no recovery)."""
+    config = make_config("smoke", {"skip_finetune": True, "eval_examples": 0, "recover": {"steps": 0},
+                                   "compress": {"target_ratio": target, "stops": list(stops)}})
+    pipeline, states = Pipeline(config, method=name), {}
+    for report in pipeline.run():
+        if isinstance(report, SizeReport):
+            assert abs(report.compressible_ratio - report.target) <= 0.01 * report.target
+            states[report.target] = {k: v.clone() for k, v in pipeline.model.state_dict().items()}
+    return states
+
+
+@pytest.mark.parametrize("name", ["svd", "fwsvd", "asvd"])
+def test_one_truncation_run_gives_every_size_as_separate_runs_would(name, isolated_cache):
+    """Bases once, a truncated copy per size: the same models as one run per size, and no auxiliary vectors."""
+    path = sizes_of(name, 0.3, stops=(0.7, 0.5))
+    assert list(path) == [0.7, 0.5, 0.3]
+    alone = sizes_of(name, 0.5)[0.5]
+    assert path[0.5].keys() == alone.keys()
+    for key, value in alone.items():
+        torch.testing.assert_close(path[0.5][key], value)
+        if key.endswith("aux_u"):
+            assert value.shape[1] == 0  # as published: no auxiliary vectors
 
 
 @pytest.mark.parametrize("name", ["svd", "svd-llm", "fwsvd", "asvd"])

@@ -93,8 +93,8 @@ def test_same_seed_same_result(scope, score):
     def once(seed=0, probe_scope=scope):
         model = make_tiny_llama()
         config = CompressConfig(size_mode="keep", keep_ratio=0.4, rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=0,
-                                curvature="hutchinson", probe_scope=probe_scope, score=score, seed=seed)
-        _, rounds = run(Compressor(model, token_batches(), config, lm_loss))
+                                curvature="hutchinson", probe_scope=probe_scope, score=score)
+        _, rounds = run(Compressor(model, token_batches(), config, lm_loss, seed=seed))
         return layer_ranks(model), [layer.importance for layer in rounds[0].layers]
 
     def equal(a, b):
@@ -105,6 +105,22 @@ def test_same_seed_same_result(scope, score):
     assert equal(importance, once(seed=1)[1]) == (score != "bsi")  # only bsi's score has a curvature term
     if score == "bsi":  # and the scope decides how the probes are drawn
         assert not equal(importance, once(probe_scope={"layer": "model", "model": "layer"}[scope])[1])
+
+
+def test_the_seed_reaches_the_auxiliary_vectors_and_the_probes():
+    """Compressor(seed=...) draws the auxiliary vectors' start; the probes follow it unless given their own seed."""
+    def start(seed, probe_seed=None):
+        model = make_tiny_llama()
+        config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=1, iters_per_epoch=4, aux_rank=2)
+        compressor = Compressor(model, token_batches(), config, lm_loss, seed=seed, probe_seed=probe_seed)
+        list(compressor.convert())
+        return [layer.aux_v.detach().clone() for layer in compressor.layers.values()], compressor.generator.get_state()
+
+    (aux0, probes0), (aux0b, _), (aux1, probes1) = start(0), start(0), start(1)
+    assert all(torch.equal(a, b) for a, b in zip(aux0, aux0b))
+    assert not any(torch.equal(a, b) for a, b in zip(aux0, aux1)) and not torch.equal(probes0, probes1)
+    aux_own, probes_own = start(0, probe_seed=5)
+    assert all(torch.equal(a, b) for a, b in zip(aux0, aux_own)) and not torch.equal(probes0, probes_own)
 
 
 def test_importance_is_what_the_score_says():
@@ -217,3 +233,22 @@ def test_round_window_averages_the_tuning_steps_with_the_profiling_batches(score
         if score == "bsi":
             torch.testing.assert_close(m.hessian, (4 * a.hessian + 2 * b.hessian) / 6, rtol=1e-4, atol=1e-9)
     assert not torch.allclose(mixed.layers[0].grad, only_y.layers[0].grad)  # the tuning steps did count
+
+
+def test_a_path_lands_on_every_stop_at_the_end_of_a_round():
+    """stops: one run passes each size (reported by RoundReport.stop), then ends on the target."""
+    model = make_tiny_llama()
+    config = CompressConfig(target_ratio=0.3, stops=(0.7, 0.5), rounds=6, iters_per_epoch=12, sampling_ratio=0.5,
+                            aux_rank=1)
+    _, rounds = run(Compressor(model, token_batches(), config, lm_loss))
+    assert len(rounds) == 6
+    reached = [(r.round, r.stop) for r in rounds if r.stop is not None]
+    assert [stop for _, stop in reached] == [0.7, 0.5, 0.3] and reached[-1][0] == 6
+    for report in rounds:
+        if report.stop is not None:
+            assert report.compressible_ratio == pytest.approx(report.stop, rel=0.03)
+    sizes = [r.compressible_ratio for r in rounds]
+    assert all(a >= b for a, b in zip(sizes, sizes[1:]))  # never grows back
+    with pytest.raises(BSIError, match="at least 3 rounds"):
+        Compressor(make_tiny_llama(), token_batches(), CompressConfig(target_ratio=0.3, stops=(0.7, 0.5), rounds=2,
+                                                                      iters_per_epoch=4), lm_loss)

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from bsi.data import BatchStream, Example, collate, encode_example
+from bsi.data import BatchStream, Example, collate, encode_example, encode_prompt, stop_token_ids
 from bsi.pipeline.losses import answer_token_loss
-from bsi.pipeline.evaluate import Metrics, dataset_loss, evaluate, generate_answers
+from bsi.pipeline.evaluate import Metrics, answer_line_complete, dataset_loss, evaluate, generate_answers
 from bsi.models import TINY_MODEL, load_model_and_tokenizer
 from bsi.pipeline.training import finetune
 
@@ -82,14 +82,18 @@ def test_generation_stops_at_end_of_turn_and_drops_special_tokens(tiny):
     assert generate_answers(model, tokenizer, ["What is 2 + 3?"], max_new_tokens=20) == [""]
 
 
+def _overfit(model, tokenizer, examples, steps=120):
+    stream = BatchStream(examples, tokenizer, batch_size=len(examples), max_length=64, seed=0)
+    for _ in finetune(model, stream, steps=steps, lr=1e-2, warmup_steps=5):
+        pass
+
+
 def test_evaluate_after_overfitting_four_examples(tiny):
     model, tokenizer = tiny
-    before = evaluate(model, tokenizer, EXAMPLES, max_new_tokens=24)
-    stream = BatchStream(EXAMPLES, tokenizer, batch_size=4, max_length=64, seed=0)
-    for _ in finetune(model, stream, steps=120, lr=1e-2, warmup_steps=5):
-        pass
+    before = evaluate(model, tokenizer, EXAMPLES, max_new_tokens=24).metrics
+    _overfit(model, tokenizer, EXAMPLES)
     model.train()  # evaluate must restore whatever mode it was given
-    after = evaluate(model, tokenizer, EXAMPLES, max_new_tokens=24)
+    after = evaluate(model, tokenizer, EXAMPLES, max_new_tokens=24).metrics
     assert model.training
     assert before.accuracy == 0.0 and after.accuracy == 1.0
     assert after.loss < 0.05 * before.loss
@@ -99,9 +103,71 @@ def test_evaluate_after_overfitting_four_examples(tiny):
     # accuracy counts the answers that match: the same question with a wrong gold answer scores 4 of 5,
     # whatever the batch size; the loss is the token-weighted one of the whole set; to_dict is plain JSON
     wrong = Example(EXAMPLES[0].question, "2 + 3 = 6\n#### 6")
-    mixed = [evaluate(model, tokenizer, [*EXAMPLES, wrong], batch_size=size, max_new_tokens=24) for size in (1, 2)]
+    mixed = [evaluate(model, tokenizer, [*EXAMPLES, wrong], batch_size=size, max_new_tokens=24).metrics
+             for size in (1, 2)]
     expected = {"accuracy": 0.8, "loss": pytest.approx(dataset_loss(model, tokenizer, [*EXAMPLES, wrong]), rel=1e-4),
-                "examples": 5}
+                "examples": 5, "loss_examples": None}
     for metrics in mixed:
         assert isinstance(metrics, Metrics) and metrics.to_dict() == expected
         assert json.loads(json.dumps(metrics.to_dict())) == metrics.to_dict()
+
+
+def test_each_problems_loss_is_the_answer_token_loss_of_that_example_alone(tiny):
+    model, tokenizer = tiny
+    for size in (1, 3):
+        evaluation = evaluate(model, tokenizer, EXAMPLES, batch_size=size, max_new_tokens=4)
+        for example, outcome in zip(EXAMPLES, evaluation.outcomes):
+            batch = collate([encode_example(tokenizer, example, max_length=128)], tokenizer.pad_token_id)
+            with torch.no_grad():
+                alone = answer_token_loss(model, batch).item()
+            assert outcome.tokens == int((batch["labels"][:, 1:] != -100).sum())
+            assert outcome.loss == pytest.approx(alone, rel=1e-4)
+
+
+def test_answers_are_those_of_transformers_generate(tiny):
+    """The cached teacher-forced pass and greedy loop answer exactly as model.generate does."""
+    model, tokenizer = tiny
+    _overfit(model, tokenizer, EXAMPLES, steps=40)  # half-trained: answers of mixed lengths
+    ours = evaluate(model, tokenizer, EXAMPLES, batch_size=4, max_new_tokens=20).outcomes
+    for example, outcome in zip(EXAMPLES, ours):
+        ids = torch.tensor([encode_prompt(tokenizer, example.question)])
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=20,
+                                 do_sample=False, eos_token_id=stop_token_ids(tokenizer),
+                                 pad_token_id=tokenizer.pad_token_id)
+        reference = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+        assert reference.startswith(outcome.prediction)
+        if not answer_line_complete(reference):  # no answer line to stop at: the whole text
+            assert outcome.prediction == reference
+
+
+def test_an_answer_stops_after_its_answer_line(tiny):
+    model, tokenizer = tiny
+    chatty = [Example(e.question, e.answer + "\nand then some more words") for e in EXAMPLES[:2]]
+    _overfit(model, tokenizer, chatty, steps=150)
+    questions = [e.question for e in chatty]
+    full = generate_answers(model, tokenizer, questions, max_new_tokens=60, stop_at_answer_line=False)
+    stopped = generate_answers(model, tokenizer, questions, max_new_tokens=60)
+    for example, whole, short in zip(chatty, full, stopped):
+        assert short == example.answer.split("\nand then")[0]  # learned up to the answer line, and stopped there
+        assert whole.startswith(short + "\n") and len(whole) > len(short) + 5  # without the stop it goes on
+
+
+def test_answer_line_complete():
+    assert not answer_line_complete("3 + 4 = 7")
+    assert not answer_line_complete("3 + 4 = 7\n#### 7")  # 7 could still become 71
+    assert not answer_line_complete("#### 1,2")
+    assert answer_line_complete("#### 7\n") and answer_line_complete("#### $1,200 dollars")
+    assert answer_line_complete("#### -4.5 ") and not answer_line_complete("####\n")
+
+
+def test_answered_and_loss_only_problems(tiny):
+    model, tokenizer = tiny
+    evaluation = evaluate(model, tokenizer, EXAMPLES, answered=2, max_new_tokens=4)
+    assert [o.correct is not None for o in evaluation.outcomes] == [True, True, False, False]
+    assert [o.prediction is None for o in evaluation.outcomes] == [False, False, True, True]
+    metrics = evaluation.metrics
+    assert metrics.examples == 2 and metrics.loss_examples == 4
+    assert metrics.loss == pytest.approx(dataset_loss(model, tokenizer, EXAMPLES), rel=1e-6)
+    columns = evaluation.columns()
+    assert columns["correct"][2:] == [None, None] and len(columns["tokens"]) == 4

@@ -17,7 +17,7 @@ from bsi.method.bases import InputStatistics, svd_bases, whitened_bases
 from bsi.method.curvature import Fisher, profile_batch, sigma_gradients
 from bsi.method.engine import Compressor
 from bsi.method.layers import BasisLinear, LowRankLinear, SigmaGradientRecorder, factor_cost, stored_cost
-from bsi.method.schedule import cut_caps, gradual_budgets
+from bsi.method.schedule import cut_caps, gradual_budgets, path_budgets, split_rounds
 from bsi.method.surgery import compressible_linear_names, to_basis_form
 from bsi.pipeline.losses import DistillationLoss, answer_token_loss, distillation_kl
 from bsi.pipeline.runner import Pipeline, recovery_parameters
@@ -247,3 +247,26 @@ def test_half_precision_finite_differences_at_a_tiny_eps_switch_to_exact_product
     for _ in fine.convert():
         pass
     assert fine.source.method == "fd" and not fine.notes  # the rule's eps (0.1) is safe in bf16
+
+
+def test_split_rounds_gives_each_segment_one_and_the_rest_by_weight():
+    assert split_rounds([1, 1, 2], 8) == [2, 2, 4]
+    assert split_rounds([5, 0.001], 2) == [1, 1]  # every segment gets a round
+    assert sum(split_rounds([0.3, 1.7, 0.9, 2.2], 17)) == 17
+    with pytest.raises(ValueError):
+        split_rounds([1, 1, 1], 2)
+
+
+def test_path_budgets_land_on_each_stop_and_shrink_evenly():
+    budgets = path_budgets(2000, [600, 300, 30], 12)
+    assert len(budgets) == 12
+    stops = [(i, b) for i, b in enumerate(budgets) if b[2] is not None]
+    assert [(b[0], b[1], b[2]) for _, b in stops] == [(600, "stored", 0), (300, "stored", 1), (30, "stored", 2)]
+    assert stops[-1][0] == 11
+    first = [b for b in budgets[: stops[0][0]]]
+    assert all(m == "factor" for _, m, _ in first)  # the first segment budgets factors
+    assert all(m == "stored" for _, m, _ in budgets[stops[0][0] + 1:])
+    values = [2000] + [b[0] for b in budgets]
+    shares = [b / a for a, b in zip(values, values[1:])]
+    assert max(shares) / min(shares) < 1.5  # about the same share goes every round
+    assert path_budgets(1500, [500], 4) == [(p, m, 0 if m == "stored" else None) for p, m in gradual_budgets(1500, 500, 4)]

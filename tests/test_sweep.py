@@ -1,4 +1,4 @@
-"""The comparison sweep, its resume, the speed measurement and `bsi compare`, on the tiny model."""
+"""The comparison study (bsi sweep): grid, seeds, protocols, learning-rate choice, outcomes, resume; bsi compare."""
 
 from __future__ import annotations
 
@@ -7,66 +7,117 @@ import json
 import pytest
 
 from bsi.cli import main
-from bsi.config import make_config
-from bsi.pipeline.methods import BaselineConfig
+from bsi.config import SweepConfig, make_config, make_sweep_config
 from bsi.pipeline.runner import Pipeline
 from bsi.models import load_model_and_tokenizer
 from bsi.reports import StageReport
 from bsi.analysis.speed import measure_speeds
-from bsi.pipeline.sweep import CellReport, Sweep
+from bsi.pipeline.sweep import CellReport, LearningRateReport, Sweep
 
 
 def tiny_config(**over):
-    return make_config("smoke", {"compress": {"target_ratio": 1.0}, "eval_examples": 4, "test_size": 4,
-                                 "max_new_tokens": 8, **over})
+    return make_config("smoke", {"eval_examples": 4, "test_size": 6, "eval_loss_examples": 6, "max_new_tokens": 8,
+                                 "compress": {"rounds": 3, "iters_per_epoch": 6}, **over})
 
 
-def make_sweep(out, methods=("svd", "bsi"), targets=(0.5,)):
-    return Sweep(tiny_config(), list(methods), list(targets), out, BaselineConfig(),
-                 speed_tokens=3, speed_repeats=1)
+def make_sweep(out, config=None, **settings):
+    grid = {"methods": ("svd", "bsi"), "targets": (0.6, 0.4), **settings}
+    return Sweep(config or tiny_config(), SweepConfig.from_dict(grid), out)
 
 
-def test_sweep_writes_table_jsonl_and_figure_then_resumes(tmp_path, isolated_cache):
+def rows_of(out):
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_sweep_writes_rows_outcomes_and_intervals_then_resumes_and_grows(tmp_path, isolated_cache):
     out = tmp_path / "sweep"
-    reports = list(make_sweep(out).run())
+    reports = list(make_sweep(out, seeds=(0, 1)).run())
     cells = [r for r in reports if isinstance(r, CellReport)]
-    assert [(c.row["method"], c.skipped) for c in cells] == [("svd", False), ("bsi", False)]
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert [r["method"] for r in rows] == ["dense", "svd", "bsi"]
-    for r in rows[1:]:
-        assert abs(r["compressible_ratio"] - 0.5) <= 0.005
-        assert r["params_total"] < rows[0]["params_total"]
-        assert r["tokens_per_s"] > 0 and r["dense_tokens_per_s"] > 0 and r["speedup"] > 0
-        assert 0 <= r["accuracy"] <= 1 and r["loss"] > 0 and r["seed"] == 0
+    assert [(c.row["method"], c.row["target"], c.row["seed"]) for c in cells] == [
+        ("svd", 0.6, 0), ("svd", 0.4, 0), ("bsi", 0.6, 0), ("bsi", 0.4, 0),
+        ("svd", 0.6, 1), ("svd", 0.4, 1), ("bsi", 0.6, 1), ("bsi", 0.4, 1)]
+    # one compression per method and seed passes both sizes
+    starts = [r.detail for r in reports if isinstance(r, StageReport) and r.stage == "compress" and r.event == "start"]
+    assert starts == ["svd", "bsi (tuned)", "svd", "bsi (tuned)"]
+    rows = rows_of(out)
+    assert [(r["method"], r["seed"]) for r in rows[:2]] == [("dense", 0), ("dense", 1)]
+    for r in rows[2:]:
+        assert abs(r["compressible_ratio"] - r["target"]) <= 0.01 * r["target"]
+        assert r["protocol"] == ("published" if r["method"] == "svd" else "tuned")
+        outcomes = json.loads((out / r["outcomes"]).read_text())
+        assert len(outcomes["tokens"]) == 6 and outcomes["correct"][4:] == [None, None]  # 4 answered, 6 scored
+        assert r["examples"] == 4 and r["loss_examples"] == 6
+        assert r["loss"] == pytest.approx(sum(outcomes["loss_sum"]) / sum(outcomes["tokens"]))
+    stats = json.loads((out / "stats.json").read_text())
+    svd = stats["protocols"]["tuned"]["methods"]["svd"]["0.4"]
+    assert svd["seeds"] == [0, 1] and svd["accuracy"]["samples"] == 8 and svd["loss"]["samples"] == 12
+    diff = svd["vs_anchor"]
+    assert diff["loss"]["low"] <= diff["loss"]["estimate"] <= diff["loss"]["high"] and len(diff["per_seed"]["loss"]) == 2
     table = (out / "results.md").read_text()
-    assert table.count("\n| svd |") == 1 and table.count("\n| bsi |") == 1 and "speed vs dense" in table
-    html = (out / "figure.html").read_text()
-    assert "plotly" in html and '"name":"svd"' in html and '"name":"bsi"' in html
+    assert "## Protocol `tuned`" in table and "| `svd` |" in table and "`bsi` minus each method" in table
+    assert '"name":"svd"' in (out / "figure.html").read_text()
 
-    # the same sweep again, one cell more: finished cells are skipped, not recomputed
-    again = list(make_sweep(out, methods=("svd", "bsi", "basel")).run())
-    cells = [r for r in again if isinstance(r, CellReport)]
-    assert [(c.row["method"], c.skipped) for c in cells] == [("svd", True), ("bsi", True), ("basel", False)]
-    compress_starts = [r for r in again if isinstance(r, StageReport) and r.stage == "compress" and r.event == "start"]
-    assert [r.detail for r in compress_starts] == ["basel"]
-    rows2 = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert rows2[:3] == rows and rows2[3]["method"] == "basel"
+    # the same sweep again, one method more: finished cells are skipped, only the new method runs
+    again = list(make_sweep(out, seeds=(0, 1), methods=("svd", "bsi", "basel")).run())
+    assert [c.row["method"] for c in again if isinstance(c, CellReport) and not c.skipped] == ["basel"] * 4
+    starts = [r.detail for r in again if isinstance(r, StageReport) and r.stage == "compress" and r.event == "start"]
+    assert starts == ["basel (tuned)", "basel (tuned)"]
+    assert rows_of(out)[: len(rows)] == rows
 
 
-def test_same_sweep_twice_gives_the_same_numbers(tmp_path, isolated_cache):
-    a, b = tmp_path / "a", tmp_path / "b"
-    for out in (a, b):
-        list(make_sweep(out, methods=("fwsvd",)).run())
-    rows = [[json.loads(line) for line in (d / "results.jsonl").read_text().splitlines()] for d in (a, b)]
-    keys = ("method", "target", "params_total", "accuracy", "loss", "compressible_ratio")
-    assert [[r[k] for k in keys] for r in rows[0]] == [[r[k] for k in keys] for r in rows[1]]
+def test_same_sweep_twice_gives_the_same_numbers_and_seeds_differ(tmp_path, isolated_cache):
+    keys = ("method", "target", "seed", "params_total", "accuracy", "loss", "compressible_ratio")
+    runs = []
+    for name in ("a", "b"):
+        list(make_sweep(tmp_path / name, methods=("fwsvd", "bsi"), targets=(0.5,), seeds=(0, 1)).run())
+        runs.append([[r[k] for k in keys] for r in rows_of(tmp_path / name)])
+    assert runs[0] == runs[1]
+    by_seed = {(r[0], r[2]): r for r in runs[0]}
+    assert by_seed[("bsi", 0)][5] != by_seed[("bsi", 1)][5]  # another seed: other splits, batches, probes
+
+
+def test_learning_rate_is_chosen_on_validation_data_by_the_first_seed(tmp_path, isolated_cache):
+    out = tmp_path / "s"
+    config = tiny_config(validation_size=6)
+    reports = list(make_sweep(out, config, targets=(0.6, 0.4, 0.2), seeds=(0, 1), lr_grid=(1e-4, 1e-2),
+                              lr_targets=(0.6, 0.2)).run())
+    choices = [r for r in reports if isinstance(r, LearningRateReport)]
+    assert [(c.method, c.target) for c in choices] == [("svd", 0.6), ("svd", 0.2), ("bsi", 0.6), ("bsi", 0.2)]
+    for c in choices:
+        assert set(c.losses) == {1e-4, 1e-2} and c.chosen == min(c.losses, key=c.losses.get)
+    rows = {(r["method"], r["target"], r["seed"]): r for r in rows_of(out)}
+    for (method, target, seed), row in rows.items():
+        if method == "dense":
+            continue
+        chosen_at = 0.6 if target >= 0.4 else 0.2  # 0.4 is nearer 0.6 in log size
+        expected = next(c.chosen for c in choices if (c.method, c.target) == (method, chosen_at))
+        assert row["recover_lr"] == expected
+        assert row["lr_choice"]["chosen_here"] == (seed == 0 and target == chosen_at)
+    with pytest.raises(Exception, match="validation set"):
+        make_sweep(tmp_path / "t", tiny_config(), lr_grid=(1e-3,))
+
+
+def test_protocols_give_the_engine_methods_their_settings_and_share_the_truncations(tmp_path, isolated_cache):
+    out = tmp_path / "s"
+    sweep = make_sweep(out, methods=("svd", "bsi"), targets=(0.5,), protocols=("tuned", "paper"))
+    paper, tuned = sweep.config_for(0, "bsi", "paper"), sweep.config_for(0, "bsi", "tuned")
+    assert (paper.compress.bases, paper.compress.selection_rule, paper.compress.curvature) == ("svd", "mass", "hutchinson")
+    assert (tuned.compress.bases, tuned.compress.selection_rule, tuned.compress.curvature) == ("whitened", "global", "fisher")
+    list(sweep.run())
+    rows = rows_of(out)
+    assert sorted((r["method"], r["protocol"]) for r in rows) == [
+        ("bsi", "paper"), ("bsi", "tuned"), ("dense", "dense"), ("svd", "published")]  # svd once, in both tables
+    table = (out / "results.md").read_text()
+    assert table.count("| `svd` |") == 4  # two tables per protocol
+    assert "## Protocol `paper`" in table and "svd bases" in table
 
 
 def test_a_folder_with_another_sweep_is_refused(tmp_path, isolated_cache):
     out = tmp_path / "sweep"
-    list(make_sweep(out, methods=("svd",)).run())
+    list(make_sweep(out, methods=("svd",), targets=(0.5,)).run())
     with pytest.raises(Exception, match="other settings"):
-        Sweep(tiny_config(seed=1), ["svd"], [0.5], out)
+        make_sweep(out, tiny_config(recover={"steps": 3}), methods=("svd",), targets=(0.5,))
+    make_sweep(out, methods=("svd",), targets=(0.5,), seeds=(0, 1))  # more seeds: the same sweep, grown
 
 
 def test_speed_is_measured_for_every_model(isolated_cache):
@@ -95,66 +146,41 @@ def test_compare_writes_one_column_per_model(tmp_path, isolated_cache, capsys):
     assert "What is 2 + 3?" in capsys.readouterr().out
 
 
-def test_sweep_flags_and_config_file_set_the_shared_schedule(tmp_path, isolated_cache):
-    base = tiny_config(test_size=4)
-    base.compress.rounds = 1
+def test_sweep_flags_and_the_preset_set_the_study(tmp_path, isolated_cache):
+    from bsi.cli import build_parser
+    from bsi.cli.sweep import settings_from_args
+
+    def settings(*flags):
+        return settings_from_args(build_parser().parse_args(["sweep", "--out", "x", *flags]))
+
+    assert settings("--preset", "sweep-cpu") == make_sweep_config("sweep-cpu")
+    given = settings("--preset", "sweep-cpu", "--targets", "0.5", "--seeds", "0,2", "--extra-targets", "bsi:0.1",
+                     "--protocols", "paper", "--lr-grid", "1e-4,1e-3", "--allocation", "uniform")
+    assert (given.targets, given.seeds, given.extra_targets, given.protocols, given.lr_grid) == (
+        (0.5,), (0, 2), {"bsi": (0.1,)}, ("paper",), (1e-4, 1e-3))
+    assert given.baseline == {"allocation": "uniform"} and given.targets_of("bsi") == (0.5, 0.1)
+    base = tiny_config()
     config_file = tmp_path / "base.json"
     config_file.write_text(base.to_json())
     out = tmp_path / "s"
     assert main(["sweep", "--config", str(config_file), "--methods", "bsi", "--targets", "0.6", "--probes", "3",
-                 "--sampling-ratio", "0.5", "--speed-repeats", "0", "--calibration-batches", "1", "--quiet",
-                 "--curvature", "hutchinson",
+                 "--sampling-ratio", "0.5", "--calibration-batches", "1", "--quiet", "--curvature", "hutchinson",
                  "--out", str(out)]) == 0
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    compress = rows[0]["settings"]["config"]["compress"]
-    assert (compress["rounds"], compress["probes_per_batch"], compress["sampling_ratio"]) == (1, 3, 0.5)
-    assert rows[1]["method"] == "bsi" and abs(rows[1]["compressible_ratio"] - 0.6) <= 0.006
-    assert compress["calibration_batches"] == 1 and compress["curvature"] == "hutchinson"
-    assert "1 rounds of 8 iterations, the last 4 of each profiling (hutchinson curvature, 3 probe(s) per batch" \
-        in (out / "results.md").read_text()
-
-
-def test_truncation_baselines_recover_with_their_own_steps_and_lr(tmp_path, isolated_cache):
-    """``--baseline-recover-*`` changes the truncation cells' recovery only, and the sweep says so."""
-    out = tmp_path / "s"
-    own = BaselineConfig(recover_steps=2, recover_lr=1e-2)
-    sweep = Sweep(tiny_config(), ["svd", "basel"], [0.5], out, own, speed_repeats=0)
-    assert (sweep.config_for("svd", 0.5).recover.steps, sweep.config_for("svd", 0.5).recover.lr) == (2, 1e-2)
-    shared = tiny_config().recover
-    assert sweep.config_for("basel", 0.5).recover == shared and shared.steps == 4
-    starts = [r.detail for r in sweep.run() if isinstance(r, StageReport) and r.stage == "recover" and r.event == "start"]
-    assert starts == ["2 steps, training factors", "4 steps, training factors"]  # svd's cell, then basel's
-    assert "the truncation baselines (svd, svd-llm, fwsvd, asvd) instead: 2 steps at lr 0.01" in (out / "results.md").read_text()
-    with pytest.raises(Exception, match="other settings"):  # another baseline recovery is another sweep
-        Sweep(tiny_config(), ["svd"], [0.5], out, BaselineConfig(recover_steps=3))
-    Sweep(tiny_config(), ["svd"], [0.5], out, own)  # the same one resumes
-
-
-def test_sweep_settings_come_from_the_preset_unless_a_flag_gives_them():
-    """``bsi sweep --preset sweep-cpu`` is the short CPU sweep: its grid and the baselines' recovery come with it."""
-    from bsi.cli import build_parser
-    from bsi.cli.sweep import given_or_preset
-    from bsi.config import SWEEP_TARGETS
-
-    def settings(*flags):
-        return given_or_preset(build_parser().parse_args(["sweep", "--out", "x", *flags]))
-
-    assert settings("--preset", "sweep-cpu") == {"targets": "0.6,0.4,0.25", "baseline_recover_steps": 64,
-                                                 "baseline_recover_lr": 1e-4}
-    assert settings("--preset", "sweep-cpu", "--targets", "0.5", "--baseline-recover-steps", "3") == {
-        "targets": "0.5", "baseline_recover_steps": 3, "baseline_recover_lr": 1e-4}
-    general = {"targets": ",".join(map(str, SWEEP_TARGETS)), "baseline_recover_steps": None,
-               "baseline_recover_lr": None}
-    assert settings() == general and settings("--preset", "smoke") == general
-    assert settings("--config", "any.json") == general  # a config file names no preset
+    compress = json.loads((out / "sweep.json").read_text())["config"]["compress"]
+    assert (compress["probes_per_batch"], compress["sampling_ratio"], compress["calibration_batches"]) == (3, 0.5, 1)
+    assert "hutchinson curvature" in (out / "results.md").read_text()
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--methods", "svd,pca"], "unknown method 'pca'"),
-    (["--baseline-recover-lr", "-1"], "the baselines' recover_lr must be positive"),
-    (["--baseline-recover-steps", "-2"], "the baselines' recover_steps must be an integer >= 0"),
-    (["--targets", "0.5,1.5"], "--targets must be numbers in (0, 1]"),
+    (["--methods", "svd,pca"], "method must be one of"),
+    (["--targets", "0.5,1.5"], "targets must be numbers in (0, 1]"),
     (["--targets", "0.5,0.5"], "duplicates"),
+    (["--seeds", "0,0"], "seeds must be distinct"),
+    (["--seeds", "one"], "--seeds must be comma-separated int values"),
+    (["--protocols", "mine"], "protocol must be one of"),
+    (["--lr-grid", "1e-3"], "needs a validation set"),
+    (["--lr-grid", "1e-3", "--validation-size", "4", "--lr-targets", "0.3"], "lr_targets must be among the targets"),
+    (["--extra-targets", "bsi=0.1"], "--extra-targets takes METHOD:RATIO"),
 ])
 def test_sweep_bad_inputs_give_one_line(tmp_path, capsys, args, message):
     assert main(["sweep", "--preset", "smoke", "--out", str(tmp_path / "s"), *args]) == 2

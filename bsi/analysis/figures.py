@@ -8,8 +8,9 @@ and the notebooks draw the same things the same way:
 * the Inspect tab's :func:`basis_figure` (the per-basis rows of one layer);
 * :func:`spectrum_figure`, the Hessian spectra of a
   :class:`~bsi.analysis.spectrum.SpectrumResult` (``spectrum.html``, the Spectra tab);
-* :func:`results_figure`, a sweep's accuracy and loss against model size
-  (``figure.html``, the Compare tab).
+* :func:`results_figure`, accuracy and loss of a list of runs against model size;
+  :func:`study_figure`, a study's with interval bands (a sweep's ``figure.html``,
+  the Compare tab).
 
 A builder given nothing to draw returns a figure with a one-line message
 instead of blank axes. Hover labels show about four significant figures.
@@ -241,6 +242,52 @@ def results_figure(rows: Sequence[dict], reference: str = "dense") -> go.Figure:
     fig.update_yaxes(title_text="loss", tickformat=".3~g", row=1, col=2)
     fig.update_layout(title="Accuracy and loss against model size (each line starts at the fine-tuned dense model)",
                       template="plotly_white", height=460, legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figure:
+    """A study's accuracy and loss against whole-model size, one line per method, with 95% interval bands.
+
+    ``stats`` is :func:`bsi.analysis.study.study_stats`'s output (a sweep's
+    ``stats.json``). One row of panels per protocol (accuracy left, loss
+    right, the loss on a log axis); each line starts at the dense model; a
+    band is the method's pooled bootstrap interval over the test problems of
+    every seed. The size axis is logarithmic and runs from large to small.
+    """
+    chosen = [p for p in (protocols or list(stats.get("protocols", {}))) if stats["protocols"].get(p, {}).get("methods")]
+    if not chosen:
+        return empty_figure("Accuracy and loss against model size", "no results yet: run or load a sweep")
+    titles = [f"{title} ({p} protocol)" for p in chosen for title in ("accuracy", "answer-token loss")]
+    fig = make_subplots(rows=len(chosen), cols=2, subplot_titles=titles, vertical_spacing=0.12 / max(len(chosen), 1))
+    dense = stats.get("dense")
+    for r, protocol in enumerate(chosen, start=1):
+        for i, (method, cells) in enumerate(stats["protocols"][protocol]["methods"].items()):
+            color = METHOD_COLORS[i % len(METHOD_COLORS)]
+            points = sorted(cells.items(), key=lambda kv: -kv[1]["params_total"])
+            start = [("dense", dense)] if dense else []
+            for col, key, scale in ((1, "accuracy", 100.0), (2, "loss", 1.0)):
+                xs = [e["params_total"] / 1e6 for _, e in start + points]
+                mid = [e[key]["estimate"] * scale for _, e in start + points]
+                low = [e[key]["low"] * scale for _, e in start + points]
+                high = [e[key]["high"] * scale for _, e in start + points]
+                text = ["dense" if t == "dense" else f"{method} at {t}" for t, _ in start + points]
+                band = dict(x=xs + xs[::-1], y=high + low[::-1], fill="toself", line=dict(width=0), opacity=0.18,
+                            fillcolor=color, hoverinfo="skip", showlegend=False, legendgroup=method)
+                fig.add_trace(go.Scatter(**band), row=r, col=col)
+                fig.add_trace(go.Scatter(
+                    x=xs, y=mid, mode="lines+markers", name=method, legendgroup=method,
+                    showlegend=(r == 1 and col == 1), line=dict(color=color), text=text,
+                    customdata=list(zip(low, high)),
+                    hovertemplate="%{text}<br>%{x:.4g} M parameters<br>" + key +
+                                  " %{y:.4g} [%{customdata[0]:.4g}, %{customdata[1]:.4g}]<extra></extra>"),
+                    row=r, col=col)
+        fig.update_yaxes(title_text="accuracy (%)", rangemode="tozero", row=r, col=1)
+        fig.update_yaxes(title_text="loss", type="log", row=r, col=2)
+        for col in (1, 2):
+            fig.update_xaxes(title_text="whole model (M parameters, smaller to the right)", type="log",
+                             autorange="reversed", row=r, col=col)
+    fig.update_layout(title="Accuracy and loss against model size, 95% bootstrap bands (problems of every seed)",
+                      template="plotly_white", height=420 * len(chosen) + 80, legend=dict(orientation="h", y=-0.08))
     return fig
 
 

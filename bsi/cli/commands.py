@@ -189,7 +189,7 @@ def run_eval(args: argparse.Namespace) -> int:
     model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype, device=device,
                                                 trust_remote_code=args.trust_remote_code)
     metrics = evaluate(model, tokenizer, task.test[: args.examples], batch_size=args.batch_size,
-                       max_new_tokens=args.max_new_tokens)
+                       max_new_tokens=args.max_new_tokens).metrics
     result = {**metrics.to_dict(), "params_total": model_parameters(model), "model": args.model, "data": args.data}
     if args.json:
         print(json.dumps(result, indent=2))

@@ -176,7 +176,7 @@ def json_only() -> str:
 # ------------------------------------------------------------------ presets
 def preset_table() -> str:
     """One row per preset: its model, pruning schedule, size, fine-tune, recovery and evaluation."""
-    from bsi.config import PRESETS, SWEEP_PRESETS, make_config
+    from bsi.config import PRESETS, SWEEP_PRESETS, make_config, make_sweep_config
 
     rows = ["| preset | model | pruning | size | fine-tune | recovery | evaluation |", "|---|---|---|---|---|---|---|"]
     for name in PRESETS:
@@ -185,11 +185,13 @@ def preset_table() -> str:
         size = f"target {k.target_ratio:g}" if k.size_mode == "target" else f"KeepRatio {k.keep_ratio:g}"
         sweep = SWEEP_PRESETS.get(name)
         if sweep:
-            size += "; `bsi sweep`: targets " + ", ".join(f"{t:g}" for t in sweep.get("targets", ()))
+            study = make_sweep_config(name)
+            extra = "".join(f", {m} also {', '.join(f'{t:g}' for t in ts)}" for m, ts in study.extra_targets.items())
+            size += (f"; `bsi sweep`: targets {', '.join(f'{t:g}' for t in study.targets)}{extra}, seeds "
+                     f"{', '.join(map(str, study.seeds))}, protocols {', '.join(study.protocols)}")
         recovery = f"{c.recover.steps} steps at lr {c.recover.lr:g}"
-        if sweep and sweep.get("baseline_recover_steps"):
-            recovery += (f" ({sweep['baseline_recover_steps']} at lr {sweep.get('baseline_recover_lr') or c.recover.lr:g}"
-                         " for the truncation baselines in `bsi sweep`)")
+        if sweep and make_sweep_config(name).lr_grid:
+            recovery += f" (`bsi sweep`: lr chosen from {', '.join(f'{x:g}' for x in make_sweep_config(name).lr_grid)})"
         rows.append(
             f"| `{name}` | `{c.model}` | {k.rounds} rounds of {k.round_length} iterations ({k.profiling_iters} "
             f"profiling), {k.score}, {k.curvature} curvature, {k.bases} bases | {size} | "

@@ -1,99 +1,164 @@
-"""``bsi sweep``: every method at every target size (see :mod:`bsi.pipeline.sweep`)."""
+"""``bsi sweep``: a comparison study of every method at every size (see :mod:`bsi.pipeline.sweep`).
+
+The study's own settings (methods, targets, seeds, protocols, learning-rate
+grid) come from the preset's entry in :data:`bsi.config.SWEEP_PRESETS` and
+the flags below; the pipeline settings (schedule, recovery, evaluation) from
+the preset and the configuration flags, as in ``bsi compress``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 
 from bsi.cli.commands import build_config
-from bsi.cli.flags import add_config_flags
+from bsi.cli.flags import add_config_flags, overrides_from_args
+from bsi.config import METHOD_NAMES, PROTOCOL_NAMES
 
-METHOD_NAMES = ("svd", "svd-llm", "fwsvd", "asvd", "basel", "bsi-grad", "bsi")
-
-#: set per cell, so not flags of the sweep
-PER_CELL = ("compress.score", "compress.size_mode", "compress.target_ratio", "compress.keep_ratio", "preset")
+#: set per cell or per run, so not flags of the sweep
+PER_CELL = ("compress.score", "compress.size_mode", "compress.target_ratio", "compress.keep_ratio", "preset",
+            "seed", "protocol")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bsi.config import PRESETS, SWEEP_PRESETS, SWEEP_TARGETS
+    from bsi.config import PRESETS, SWEEP_PRESETS
 
-    by_preset = "; ".join(f"{name}: {','.join(map(str, values['targets']))}" for name, values in SWEEP_PRESETS.items())
-    p.add_argument("--methods", default=",".join(METHOD_NAMES), help="comma-separated methods")
-    p.add_argument("--targets", default=None,
-                   help="comma-separated target ratios of the compressible layers' parameters (default: the "
-                        f"preset's, {by_preset}; else {','.join(map(str, SWEEP_TARGETS))})")
-    p.add_argument("--out", required=True, help="output folder (an existing sweep folder resumes)")
-    p.add_argument("--preset", choices=list(PRESETS), help="starting configuration (default: default)")
-    p.add_argument("--config", help="a JSON PipelineConfig file as the starting configuration instead of --preset (default: none, "
-                                        "the preset)")
-    p.add_argument("--alpha", type=float, default=0.5, help="ASVD exponent")
-    p.add_argument("--allocation", default="uniform", choices=("uniform", "sensitivity"),
-                   help="rank allocation of the SVD family")
-    p.add_argument("--baseline-recover-steps", type=int, default=None,
-                   help="recovery steps of the truncation baselines (svd, svd-llm, fwsvd, asvd) when they should "
-                        "differ from --recover-steps: they start far from the task (default: the preset's, "
-                        f"{_baseline_defaults('baseline_recover_steps')}; else the shared value)")
-    p.add_argument("--baseline-recover-lr", type=float, default=None,
-                   help="peak recovery learning rate of the truncation baselines (default: the preset's, "
-                        f"{_baseline_defaults('baseline_recover_lr')}; else the shared --recover-lr)")
-    p.add_argument("--speed-tokens", type=int, default=32, help="new tokens per speed timing")
-    p.add_argument("--speed-repeats", type=int, default=3, help="speed timings per model (0: skip speed)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    def preset_value(key: str) -> str:
+        given = [f"{name}: {_text(values[key])}" for name, values in SWEEP_PRESETS.items() if key in values]
+        return "; ".join(given) or "none"
+
+    p.add_argument("--out", required=True, help="output folder (an existing sweep folder resumes or extends)")
+    p.add_argument("--preset", choices=list(PRESETS), help="starting configuration, pipeline and study (default: default)")
+    p.add_argument("--config", help="a JSON PipelineConfig file as the starting configuration instead of --preset "
+                                    "(default: none, the preset)")
+    p.add_argument("--methods", help=f"comma-separated methods (default: the preset's, {preset_value('methods')}; "
+                                     f"else all: {','.join(METHOD_NAMES)})")
+    p.add_argument("--targets", help="comma-separated target ratios of the compressible layers' parameters, for every "
+                                     f"method (default: the preset's, {preset_value('targets')}; else 0.6,0.4,0.25)")
+    p.add_argument("--extra-targets", metavar="METHOD:R,...",
+                   help="targets for some methods only, e.g. bsi:0.02,basel:0.02 (default: the preset's, "
+                        f"{preset_value('extra_targets')})")
+    p.add_argument("--seeds", help=f"comma-separated run seeds (default: the preset's, {preset_value('seeds')}; else 0)")
+    p.add_argument("--protocols", help=f"comma-separated protocols of the engine methods, {' or '.join(PROTOCOL_NAMES)} "
+                                       f"(default: the preset's, {preset_value('protocols')}; else tuned)")
+    p.add_argument("--lr-grid", help="comma-separated recovery learning rates; each method's is chosen from them by "
+                                     "validation loss, which needs --validation-size (default: the preset's, "
+                                     f"{preset_value('lr_grid')}; else none: --recover-lr for every method)")
+    p.add_argument("--lr-targets", help="comma-separated targets where the learning rate is chosen, on the first seed "
+                                        f"(default: the preset's, {preset_value('lr_targets')}; else every target)")
+    p.add_argument("--alpha", type=float, help="ASVD's exponent (default: 0.5)")
+    p.add_argument("--allocation", choices=("published", "uniform", "sensitivity"),
+                   help="rank allocation of the truncation methods: published (sensitivity for asvd, uniform for "
+                        "the others), uniform or sensitivity (default: published)")
+    p.add_argument("--speed-repeats", type=int, help="decode-speed timings per model against the dense one, 0 for "
+                                                     "none (default: 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
     add_config_flags(p, exclude=PER_CELL)
 
 
-def _baseline_defaults(key: str) -> str:
-    """``"sweep-cpu: 64"``: the presets that set a sweep key, for the flags' help."""
-    from bsi.config import SWEEP_PRESETS
+def _text(value) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{t:g}" for k, ts in value.items() for t in ts)
+    if isinstance(value, (list, tuple)):
+        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    return str(value)
 
-    return ", ".join(f"{name}: {values[key]:g}" for name, values in SWEEP_PRESETS.items() if key in values) or "none"
 
+def parse_extra_targets(text: str) -> dict[str, list[float]]:
+    """``"bsi:0.02,basel:0.02"`` -> ``{"bsi": [0.02], "basel": [0.02]}``."""
+    from bsi.errors import BSIError
 
-def given_or_preset(args: argparse.Namespace) -> dict:
-    """The sweep settings in force: each flag given, else the preset's (:func:`bsi.config.sweep_defaults`).
-
-    A ``--config`` file names no preset, so it takes the general defaults.
-    """
-    from bsi.config import sweep_defaults
-
-    defaults = sweep_defaults(None if args.config else (args.preset or "default"))
-    given = {"targets": args.targets, "baseline_recover_steps": args.baseline_recover_steps,
-             "baseline_recover_lr": args.baseline_recover_lr}
-    out = {key: defaults[key] if value is None else value for key, value in given.items()}
-    if isinstance(out["targets"], tuple):
-        out["targets"] = ",".join(map(str, out["targets"]))
+    out: dict[str, list[float]] = {}
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        method, sep, value = item.partition(":")
+        try:
+            out.setdefault(method.strip(), []).append(float(value))
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise BSIError(f"--extra-targets takes METHOD:RATIO items separated by commas, got '{item}'")
     return out
+
+
+def settings_from_args(args: argparse.Namespace):
+    """The study's :class:`~bsi.config.SweepConfig`: the preset's sweep settings, then the flags given."""
+    from bsi.config import make_sweep_config
+    from bsi.pipeline.sweep import parse_list
+
+    given: dict = {}
+    if args.methods is not None:
+        given["methods"] = parse_list(args.methods, str, "--methods")
+    if args.targets is not None:
+        given["targets"] = parse_list(args.targets, float, "--targets")
+    if args.extra_targets is not None:
+        given["extra_targets"] = parse_extra_targets(args.extra_targets)
+    if args.seeds is not None:
+        given["seeds"] = parse_list(args.seeds, int, "--seeds")
+    if args.protocols is not None:
+        given["protocols"] = parse_list(args.protocols, str, "--protocols")
+    if args.lr_grid is not None:
+        given["lr_grid"] = parse_list(args.lr_grid, float, "--lr-grid")
+    if args.lr_targets is not None:
+        given["lr_targets"] = parse_list(args.lr_targets, float, "--lr-targets")
+    if args.speed_repeats is not None:
+        given["speed_repeats"] = args.speed_repeats
+    preset = None if args.config else (args.preset or "default")
+    settings = make_sweep_config(preset, given)
+    baseline = dict(settings.baseline)
+    if args.alpha is not None:
+        baseline["alpha"] = args.alpha
+    if args.allocation is not None:
+        baseline["allocation"] = args.allocation
+    if baseline != settings.baseline:
+        settings = make_sweep_config(preset, given | {"baseline": baseline})
+    return settings
 
 
 def run(args: argparse.Namespace) -> int:
     from bsi.pipeline.methods import BaselineConfig
-    from bsi.pipeline.sweep import CellReport, Sweep, _fmt, cell_key, parse_methods, parse_targets
+    from bsi.pipeline.sweep import CellReport, LearningRateReport, Sweep, cell_key
     from bsi.progress import ProgressPrinter
 
-    settings = given_or_preset(args)
-    sweep = Sweep(build_config(args), parse_methods(args.methods), parse_targets(settings["targets"]), args.out,
-                  BaselineConfig(alpha=args.alpha, allocation=args.allocation,
-                                 recover_steps=settings["baseline_recover_steps"],
-                                 recover_lr=settings["baseline_recover_lr"]),
-                  speed_tokens=args.speed_tokens, speed_repeats=args.speed_repeats)
+    settings = settings_from_args(args)
+    BaselineConfig.from_dict(settings.baseline)  # a bad baseline setting answers before any model loads
+    sweep = Sweep(build_config(args), settings, args.out, overrides=overrides_from_args(args))
     speaks = sweep.dist.is_main  # under several processes, the first one prints
     printer = ProgressPrinter(enabled=not args.quiet and speaks)
     for report in sweep.run():
-        if isinstance(report, CellReport):
+        if isinstance(report, (CellReport, LearningRateReport)):
             if not speaks:
                 continue
             printer.close()
-            r = report.row
-            state = "already done" if report.skipped else f"{r['seconds']:.0f} s"
-            acc = f"{100 * r['accuracy']:.1f}%" if r.get("accuracy") is not None else "-"
-            print(f"[{report.index}/{report.total}] {cell_key(r['method'], r['target'])}: {r['params_total']:,} params, "
-                  f"accuracy {acc}, loss {_fmt(r.get('loss'), '.4f')} ({state})", flush=True)
+            print(describe(report), flush=True)
         else:
             printer.show(report)
     printer.close()
     if not speaks:
         return 0
     print((sweep.out_dir / "results.md").read_text(encoding="utf-8"))
-    print(f"wrote {sweep.out_dir / 'results.jsonl'}, results.md and figure.html")
+    print(f"wrote {sweep.out_dir / 'results.jsonl'}, results.md, stats.json, figure.html and outcomes/ "
+          f"({_duration(sweep)})")
     return 0
 
 
+def describe(report) -> str:
+    """One line for a finished cell or a learning-rate choice."""
+    from bsi.pipeline.sweep import CellReport, cell_key
+
+    if isinstance(report, CellReport):
+        r = report.row
+        state = "already done" if report.skipped else \
+            f"{r.get('recover_seconds', 0) + r.get('eval_seconds', 0):.0f} s, lr {r.get('recover_lr'):g}"
+        acc = f"{100 * r['accuracy']:.1f}%" if r.get("accuracy") is not None and math.isfinite(r["accuracy"]) else "-"
+        return (f"[{report.index}/{report.total}] {cell_key(r['protocol'], r['method'], r['target'], r['seed'])}: "
+                f"{r['params_total']:,} params, accuracy {acc}, loss {r['loss']:.4f} ({state})")
+    losses = ", ".join(f"{lr:g}: {loss:.4f}" for lr, loss in report.losses.items())
+    return (f"learning rate for {report.method} ({report.protocol}) near {report.target:g}: {report.chosen:g} "
+            f"(validation loss {losses})")
+
+
+def _duration(sweep) -> str:
+    import time
+
+    seconds = time.perf_counter() - sweep.started
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min this session"

@@ -31,6 +31,7 @@ from bsi.data.batches import (
     BatchStream,
     build_prompt,
     collate,
+    encode_answer,
     encode_example,
     encode_prompt,
     end_of_turn_text,
@@ -64,7 +65,7 @@ from bsi.data.text import (
 
 __all__ = [
     "DEFAULT_TRAIN_SIZE", "EMBEDDED_TASK", "IGNORE_INDEX", "MAX_LINE_BYTES", "BatchStream", "Example", "TaskData",
-    "answers_match", "build_prompt", "collate", "encode_example", "encode_prompt", "end_of_turn_text",
+    "answers_match", "build_prompt", "collate", "encode_answer", "encode_example", "encode_prompt", "end_of_turn_text",
     "extract_answer", "generate_math_problems", "load_task", "pad_id", "read_jsonl", "stop_token_ids",
     # text tasks
     "DEFAULT_HELD_OUT_FRACTION", "DEFAULT_TEXT_FIELD", "DEFAULT_WINDOW", "EOS_SEPARATOR", "WIKITEXT_2",

@@ -85,6 +85,17 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> list[int
     return tokenizer.encode(text, add_special_tokens=not tokenizer.chat_template)
 
 
+def encode_answer(tokenizer: PreTrainedTokenizerBase, answer: str) -> list[int]:
+    """Token ids of a worked answer as the model should produce it: the answer, then the end-of-turn token.
+
+    Tokenized apart from the prompt, exactly as generation will see it (in the
+    plain format after a space: ``"Answer: 42"``). Training labels and the
+    evaluation's answer-token loss both use these ids.
+    """
+    separator = "" if tokenizer.chat_template else " "  # "Answer:" + " 42", as text would read
+    return tokenizer.encode(separator + answer + end_of_turn_text(tokenizer), add_special_tokens=False)
+
+
 def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_length: int) -> dict[str, list[int]]:
     """Token ids and labels for training on one example.
 
@@ -101,8 +112,7 @@ def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_len
     if max_length < 2:
         raise BSIError(f"max_length must be at least 2, got {max_length}")
     prompt = encode_prompt(tokenizer, example.question)
-    separator = "" if tokenizer.chat_template else " "  # "Answer:" + " 42", as text would read
-    answer = tokenizer.encode(separator + example.answer + end_of_turn_text(tokenizer), add_special_tokens=False)
+    answer = encode_answer(tokenizer, example.answer)
     min_answer = min(len(answer), max(1, max_length // 4))
     answer_keep = min(len(answer), max(max_length - len(prompt), min_answer))
     prompt_keep = max_length - answer_keep

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Example:
@@ -18,10 +18,11 @@ class Example:
 
 @dataclass
 class TaskData:
-    """A named task with its training and test examples."""
+    """A named task with its training and test examples, and a validation set held out of training."""
 
     name: str
     train: list[Example]
     test: list[Example]
+    validation: list[Example] = field(default_factory=list)  # never trained on; chooses settings (never the test)
 
 

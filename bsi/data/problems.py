@@ -187,12 +187,25 @@ def generate_math_problems(n: int, seed: int) -> list[Example]:
     return [next(stream) for _ in range(n)]
 
 
-def embedded_task(test_size: int, train_size: int | None, seed: int) -> TaskData:
-    """Generated train and test splits from different seeds, with no shared question."""
+def embedded_task(test_size: int, train_size: int | None, seed: int, validation_size: int = 0) -> TaskData:
+    """Generated train, test and validation splits with no shared question.
+
+    Train and test come from different seeds. The validation problems are
+    the test generator's next ones that are not training questions, so
+    asking for a validation set changes neither the training nor the test
+    set (nor a cached fine-tune).
+    """
     train_size = DEFAULT_TRAIN_SIZE if train_size is None else train_size
-    test = generate_math_problems(test_size, seed=2 * seed + 1)
+    held_out = _problem_stream(random.Random(2 * seed + 1))
+    test = [next(held_out) for _ in range(test_size)]
     stream = _problem_stream(random.Random(2 * seed), exclude=frozenset(e.question for e in test))
     train = [next(stream) for _ in range(train_size)]
-    return TaskData(name=EMBEDDED_TASK, train=train, test=test)
+    trained = {e.question for e in train}
+    validation: list[Example] = []
+    while len(validation) < validation_size:
+        example = next(held_out)
+        if example.question not in trained:
+            validation.append(example)
+    return TaskData(name=EMBEDDED_TASK, train=train, test=test, validation=validation)
 
 

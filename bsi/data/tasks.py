@@ -23,6 +23,7 @@ def load_task(
     train_size: int | None = None,
     seed: int = 0,
     split: str | None = None,
+    validation_size: int = 0,
 ) -> TaskData:
     """Load a task's train and test examples.
 
@@ -36,6 +37,9 @@ def load_task(
         seed: fixes the generated problems and the shuffle before splitting.
         split: for hub datasets, the split to read; by default its ``train``
             split trains and its ``test`` split (if any) tests.
+        validation_size: examples held out of training as a validation set
+            (from the held-out problem generator for the embedded task; the
+            first training examples after the shuffle otherwise).
 
     A file (or a single hub split) is shuffled with ``seed`` and its first
     ``test_size`` examples become the test set.
@@ -44,14 +48,27 @@ def load_task(
         raise BSIError(f"test_size must be >= 0, got {test_size}")
     if train_size is not None and train_size < 1:
         raise BSIError(f"train_size must be >= 1, got {train_size}")
+    if validation_size < 0:
+        raise BSIError(f"validation_size must be >= 0, got {validation_size}")
     if spec == EMBEDDED_TASK:
-        return embedded_task(test_size, train_size, seed)
+        return embedded_task(test_size, train_size, seed, validation_size)
     path = Path(spec).expanduser()
     if spec.endswith(".jsonl") or path.exists():
         examples = read_jsonl(path, question_field, answer_field)
         train, test = _split(examples, test_size, seed, source=str(path))
-        return TaskData(name=path.name, train=_cap_size(train, train_size), test=test)
-    return _load_hub_task(spec, question_field, answer_field, test_size, train_size, seed, split)
+        task = TaskData(name=path.name, train=train, test=test)
+    else:
+        task = _load_hub_task(spec, question_field, answer_field, test_size, seed, split)
+    return _set_aside(task, validation_size, train_size, source=spec)
+
+
+def _set_aside(task: TaskData, validation_size: int, train_size: int | None, source: str) -> TaskData:
+    """The first ``validation_size`` training examples become the validation set; the rest, capped, train."""
+    if validation_size >= len(task.train):
+        raise BSIError(f"{source} has {len(task.train)} training examples, too few to set {validation_size} aside "
+                       "for validation: lower the validation size")
+    return TaskData(task.name, _cap_size(task.train[validation_size:], train_size), task.test,
+                    task.train[:validation_size])
 
 
 def read_jsonl(path: Path, question_field: str = "question", answer_field: str = "answer") -> list[Example]:
@@ -124,7 +141,7 @@ def _cap_size(examples: list[Example], size: int | None) -> list[Example]:
 
 
 def _load_hub_task(
-    spec: str, question_field: str, answer_field: str, test_size: int, train_size: int | None, seed: int, split: str | None
+    spec: str, question_field: str, answer_field: str, test_size: int, seed: int, split: str | None
 ) -> TaskData:
     """Load a task from the ``datasets`` hub (``name`` or ``name:config``)."""
     import datasets  # lazy: importing datasets takes a second
@@ -159,6 +176,6 @@ def _load_hub_task(
     else:
         first_split = "train" if "train" in dataset else next(iter(dataset))
         train, test = _split(rows(first_split), test_size, seed, source=spec)
-    return TaskData(name=spec, train=_cap_size(train, train_size), test=test)
+    return TaskData(name=spec, train=train, test=test)
 
 

@@ -47,9 +47,9 @@ from bsi.method.schedule import (
     LayerShape,
     cut_caps,
     even_share,
-    gradual_budgets,
     mass_selection,
     parameters_after,
+    path_budgets,
     select_to_budget,
     widen_pools,
 )
@@ -121,7 +121,9 @@ class Compressor:
         reduce: sums a tensor across processes (identity on one process); used
             for the calibration statistics and the profiling sums, so every
             rank converts and prunes alike.
-        probe_seed: seed of the probe generator (default ``config.seed``); give
+        seed: seed of the auxiliary vectors' random start (the same on every
+            process) and, by default, of the probes.
+        probe_seed: seed of the probe generator (default ``seed``); give
             each process its own so that its probes are independent extra probes.
         convert_layers: writes the model's layers in the Basel form, with the
             signature of :func:`~bsi.method.surgery.to_basis_form` (the default);
@@ -140,6 +142,7 @@ class Compressor:
         train_loss_fn: LossFn | None = None,
         compute_dtype: torch.dtype | None = None,
         reduce: Reducer | None = None,
+        seed: int = 0,
         probe_seed: int | None = None,
         convert_layers: Callable[..., dict[str, BasisLinear]] = to_basis_form,
         prune_layer: Callable[[BasisLinear, torch.Tensor], None] = BasisLinear.keep,
@@ -152,7 +155,8 @@ class Compressor:
         self.score = get_score(config.score)
         self.reduce = reduce or (lambda t: t)
         self.compute_dtype = compute_dtype
-        self.generator = torch.Generator().manual_seed(config.seed if probe_seed is None else probe_seed)
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed if probe_seed is None else probe_seed)
         self.convert_layers, self.prune_layer = convert_layers, prune_layer
         self.notes: list[str] = []  # decisions the run's report should state (e.g. a switched curvature mode)
         self.iteration = 0  # pruning iterations done so far
@@ -170,6 +174,9 @@ class Compressor:
         self._tuning_batches = [0, 0]  # batches in those gradient and curvature sums
         self._monitor: dict | None = None
         self._start = time.perf_counter()
+        if config.size_mode == "target" and config.rounds < len(config.sizes):
+            raise BSIError(f"{config.rounds} rounds cannot reach {len(config.sizes)} sizes ({len(config.stops)} stops and "
+                           f"the target): give at least {len(config.sizes)} rounds")
         if not compressible_linear_names(model) and not basis_layers(model):
             raise BSIError(f"{type(model).__name__} has no nn.Linear layers to compress (only embeddings or custom layers)")
         if basis_layers(model):  # converted already (by the caller, or a notebook)
@@ -203,7 +210,7 @@ class Compressor:
             covariance = stats.covariance()
             damping = cfg.whitening_damping
             bases = lambda name, linear: whitened_bases(linear.weight, covariance[name], damping)  # noqa: E731
-        self._adopt(self.convert_layers(self.model, aux_rank=cfg.aux_rank, seed=cfg.seed, bases=bases))
+        self._adopt(self.convert_layers(self.model, aux_rank=cfg.aux_rank, seed=self.seed, bases=bases))
 
     def _adopt(self, layers: dict[str, BasisLinear]) -> None:
         """Take over converted layers: trainable flags, sizes, eps, optimizer, curvature source."""
@@ -375,15 +382,27 @@ class Compressor:
     def round_budget(self, round_index: int) -> tuple[int, str] | None:
         """Size mode target: ``(parameters, measure)`` allowed after round t (None in size mode keep).
 
-        Rounds before the last budget factor parameters, shrinking evenly from
-        the full-rank factors; the last round budgets the stored size
-        ``target_ratio * dense`` (see :func:`bsi.method.schedule.gradual_budgets`).
+        The budgets of :func:`bsi.method.schedule.path_budgets`: shrinking
+        evenly from the full-rank factors, and landing on the stored size
+        ``ratio * dense`` of each stop and of ``target_ratio`` at the end of
+        the rounds that reach them.
         """
+        plan = self._path()
+        return None if plan is None else plan[round_index - 1][:2]
+
+    def round_stop(self, round_index: int) -> float | None:
+        """The size (a stop or ``target_ratio``) that round t lands on, or None for a round in between."""
+        plan = self._path()
+        if plan is None:
+            return self.config.ratio if round_index == self.config.rounds else None
+        stop = plan[round_index - 1][2]
+        return None if stop is None else self.config.sizes[stop]
+
+    def _path(self) -> list[tuple[int, str, int | None]] | None:
         cfg = self.config
         if cfg.size_mode != "target":
             return None
-        final = round(self.dense_before * cfg.target_ratio)
-        return gradual_budgets(self.factor_start, final, cfg.rounds)[round_index - 1]
+        return path_budgets(self.factor_start, [round(self.dense_before * r) for r in cfg.sizes], cfg.rounds)
 
     def _pools(self, rho: float) -> dict[str, torch.Tensor]:
         return {n: candidate_pool(self.layers[n].sigma, rho).to(self.device) for n in self.names}
@@ -476,6 +495,7 @@ class Compressor:
             removed=sum(r.rank_before - r.rank_after for r in reports), loss_before=loss_before,
             loss_after=loss_after, curvature=self.source.name, score=self.score.name,
             significant_gradients=tested[0] / tested[1] if tested[1] else float("nan"),
+            stop=self.round_stop(self.round_index),
         )
         self._stats, self._round_losses = None, []
         return report
@@ -533,7 +553,7 @@ class Compressor:
 
             names = sorted({k.split(".", 1)[1].rsplit(".", 1)[0] for k in tensors if k.startswith("layer.")},
                            key=compressible_linear_names(self.model).index)
-            self._adopt(self.convert_layers(self.model, aux_rank=self.config.aux_rank, seed=self.config.seed,
+            self._adopt(self.convert_layers(self.model, aux_rank=self.config.aux_rank, seed=self.seed,
                                             names=names, bases=bases))
         else:
             for n, layer in self.layers.items():

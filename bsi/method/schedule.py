@@ -12,7 +12,8 @@ Two size modes (``CompressConfig.size_mode``):
   *factor* parameters, shrinking geometrically from the full-rank factors to
   the final size (:func:`gradual_budgets`), and only the last round's budget
   is the stored-size target itself. Each round then removes about the same
-  share of the bases.
+  share of the bases. A run may pass several sizes on its way
+  (``CompressConfig.stops``, :func:`path_budgets`): one run, one model per size.
 
 Which bases go within a budget (``selection``):
 
@@ -73,12 +74,63 @@ def gradual_budgets(start_factor: int, final_stored: int, rounds: int) -> list[t
     parameters; round ``T`` at ``final_stored`` *stored* parameters. With
     ``start`` the full-rank factor size of the layers, every round removes
     about the same share ``1 - (final / start) ** (1 / T)`` of the bases.
+    (A path with one stop, see :func:`path_budgets`.)
     """
+    return [(parameters, measure) for parameters, measure, _ in path_budgets(start_factor, [final_stored], rounds)]
+
+
+def split_rounds(weights: Sequence[float], rounds: int) -> list[int]:
+    """``rounds`` split into one whole share per weight, each >= 1, proportional to the weights otherwise.
+
+    Largest remainders get the leftover rounds. ``split_rounds([1, 1, 2], 8) == [2, 2, 4]``.
+    """
+    if rounds < len(weights):
+        raise ValueError(f"{rounds} rounds cannot cover {len(weights)} segments: give at least one round each")
+    total = sum(weights) or 1.0
+    spare = rounds - len(weights)
+    ideal = [spare * w / total for w in weights]
+    shares = [1 + math.floor(x) for x in ideal]
+    leftovers = sorted(range(len(weights)), key=lambda i: ideal[i] - math.floor(ideal[i]), reverse=True)
+    for i in leftovers[: rounds - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def path_budgets(start_factor: int, stops_stored: Sequence[int], rounds: int) -> list[tuple[int, str, int | None]]:
+    """Per-round budgets of a pruning *path* through several sizes: ``[(parameters, measure, stop), ...]``.
+
+    ``stops_stored`` are stored-parameter sizes, largest first; the last is
+    the final target. The path is cut into segments, from the full-rank
+    factors to the first stop, then from each stop to the next. Each segment
+    gets a share of the ``rounds`` proportional to how far it shrinks the
+    model (the log of its size ratio, at least one round), so every round
+    removes about the same share of what is left. Inside a segment the
+    budgets shrink geometrically; its last round lands on the stop itself,
+    in stored parameters, and names it (``stop`` = its index in
+    ``stops_stored``; None for the rounds in between).
+
+    The first segment's intermediate rounds budget *factor* parameters: a
+    layer's stored size only falls below its dense size once it has lost
+    about half its rank, so stored budgets would make one round remove half
+    of every layer. Later segments start below that point, so they budget
+    stored parameters throughout.
+    """
+    stops = [int(s) for s in stops_stored]
+    if not stops:
+        raise ValueError("a path needs at least one stop")
+    if any(b >= a for a, b in zip(stops, stops[1:])):
+        raise ValueError(f"the stops of a path must shrink strictly, got {stops}")
     if rounds < 1:
         raise ValueError("rounds must be >= 1")
-    ratio = min(1.0, final_stored / max(start_factor, 1))
-    budgets = [(round(start_factor * ratio ** (t / rounds)), "factor") for t in range(1, rounds)]
-    return budgets + [(int(final_stored), "stored")]
+    starts = [max(int(start_factor), 1)] + stops[:-1]
+    weights = [max(math.log(max(a, 1) / max(b, 1)), 1e-6) for a, b in zip(starts, stops)]
+    budgets: list[tuple[int, str, int | None]] = []
+    for k, (a, b, n) in enumerate(zip(starts, stops, split_rounds(weights, rounds))):
+        ratio = min(1.0, b / a)
+        measure = "factor" if k == 0 else "stored"
+        budgets += [(round(a * ratio ** (t / n)), measure, None) for t in range(1, n)]
+        budgets.append((b, "stored", k))
+    return budgets
 
 
 def cut_caps(ranks: Mapping[str, int], share: float, factor: float) -> dict[str, int] | None:

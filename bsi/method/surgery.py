@@ -24,6 +24,7 @@ from torch import nn
 
 from bsi.errors import BSIError
 from bsi.method.layers import BasisLinear, LowRankLinear
+from bsi.reports import SizeReport
 
 #: (U, sigma, V) of one layer, ``U diag(sigma) V^T == W``
 Bases = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -249,3 +250,9 @@ def sigma_max(model: nn.Module) -> float:
     if not values:
         raise BSIError(f"{type(model).__name__} has no linear layer")
     return max(values)
+
+
+def size_report(model: nn.Module, target: float) -> SizeReport:
+    """A :class:`~bsi.reports.SizeReport`: ``model``'s size now, reached for the target ratio ``target``."""
+    now, dense = compressible_parameters(model)
+    return SizeReport(target, model_parameters(model), now, dense)

@@ -53,18 +53,19 @@ from bsi.reports import StepReport
 # --------------------------------------------------------------------- math
 
 
-def fisher_row_weights(grad_sq: torch.Tensor, floor: float = 1e-6) -> torch.Tensor:
-    """FWSVD row weights ``d_i = sqrt(sum_j F_ij)`` from accumulated squared gradients.
+def fisher_row_weights(row_information: torch.Tensor, floor: float = 1e-6) -> torch.Tensor:
+    """FWSVD row weights ``d_i = sqrt(sum_j F_ij)`` from each row's summed Fisher information.
 
     Args:
-        grad_sq: (out, in) sum over batches of ``(dl/dW)^2`` (empirical Fisher diagonal).
+        row_information: (out,) ``sum_j F_ij``, the squared task gradients of
+            row ``i`` summed over examples (:func:`fisher_row_information`).
         floor: rows with (near) zero information get ``floor * max(d)`` so the
             weighting stays invertible.
 
     Returns:
         (out,) positive float32 row weights.
     """
-    d = grad_sq.float().sum(dim=1).sqrt()  # (out,)
+    d = row_information.float().clamp_min(0).sqrt()  # (out,)
     top = float(d.max()) if d.numel() else 0.0
     if not math.isfinite(top) or top <= 0:
         return torch.ones_like(d)
@@ -222,38 +223,91 @@ def input_statistics(model: nn.Module, modules: Mapping[str, nn.Module], batches
     return stats
 
 
-def fisher_information(model: nn.Module, modules: Mapping[str, nn.Module], batches: Iterator[dict], count: int,
-                       loss_fn: Callable[[nn.Module, dict], torch.Tensor]) -> Generator[StepReport, None, dict[str, torch.Tensor]]:
-    """Sum of squared loss gradients w.r.t. each module's weight over ``count`` batches.
+def example_row_norms(inputs: torch.Tensor, output_grads: torch.Tensor) -> torch.Tensor:
+    """Squared row norms of every example's weight gradient, summed over examples, without forming the gradients.
 
-    Yields a StepReport per batch; returns ``{name: (out, in)}``. Only the listed
-    weights get gradients; ``requires_grad`` flags are restored afterwards.
-    Non-finite batches are skipped (and reported so).
+    For a linear layer ``y = x W^T`` run on a batch, example ``b``'s gradient
+    is ``G_b = E_b^T X_b`` (out, in), with ``X_b`` (T, in) its inputs and
+    ``E_b`` (T, out) the loss gradient at its outputs. Row ``i`` of ``G_b``
+    has the squared norm ``e_i^T (X_b X_b^T) e_i``, so a (T, T) Gram matrix
+    per example gives all of them: ``T^2 (in + out)`` operations instead of
+    ``T in out``.
+
+    Args:
+        inputs: (B, T, in) layer inputs.
+        output_grads: (B, T, out) loss gradients at the layer's outputs.
+
+    Returns:
+        (out,) float32: ``sum_b sum_j (G_b)_ij^2``.
+    """
+    x, e = inputs.float(), output_grads.float()
+    gram = x @ x.transpose(1, 2)  # (B, T, T)
+    return (e * (gram @ e)).sum(dim=(0, 1))  # (out,)
+
+
+def fisher_row_information(model: nn.Module, modules: Mapping[str, nn.Module], batches: Iterator[dict], count: int,
+                           loss_fn: Callable, *, per_example: bool = True
+                           ) -> Generator[StepReport, None, dict[str, torch.Tensor]]:
+    """FWSVD's Fisher information of each weight row, ``sum_j F_ij``, over ``count`` batches.
+
+    ``per_example`` (the published FWSVD): ``F = sum over examples of the
+    squared gradient of that example's loss`` (``loss_fn.per_example``), all
+    from one backward pass per batch (:func:`example_row_norms`). Otherwise
+    the squared gradient of each *batch's* mean loss (a cheaper stand-in
+    whose per-example noise cancels inside the batch).
+
+    Yields a StepReport per batch; returns ``{name: (out,)}`` float32.
+    Non-finite batches are skipped (and reported so); ``requires_grad`` flags
+    are restored afterwards.
     """
     flags = {id(p): p.requires_grad for p in model.parameters()}
     for p in model.parameters():
         p.requires_grad_(False)
     for m in modules.values():
         m.weight.requires_grad_(True)
-    sums = {n: torch.zeros_like(m.weight, dtype=torch.float32) for n, m in modules.items()}
+    sums = {n: torch.zeros(m.weight.shape[0], dtype=torch.float32, device=m.weight.device) for n, m in modules.items()}
+    seen: dict[str, list[torch.Tensor]] = {}
+
+    def capture(name: str):
+        def hook(module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            x = args[0].detach()
+            output.register_hook(lambda grad: seen.setdefault(name, []).extend([x, grad.detach()]))
+        return hook
+
+    handles = [m.register_forward_hook(capture(n)) for n, m in modules.items()] if per_example else []
     start = _now()
     was_training = model.training
     model.eval()
     try:
         for step in range(1, count + 1):
-            loss = loss_fn(model, next(batches))
-            finite = bool(torch.isfinite(loss))
+            batch = next(batches)
+            seen.clear()
+            if per_example:
+                losses = loss_fn.per_example(model, batch)  # (B,)
+                finite = bool(torch.isfinite(losses).all())
+                loss = losses.sum()
+            else:
+                loss = loss_fn(model, batch)
+                finite = bool(torch.isfinite(loss))
             if finite:
                 loss.backward()
                 grads = [m.weight.grad for m in modules.values()]
                 finite = all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
-                if finite:
-                    for n, m in modules.items():
-                        sums[n] += m.weight.grad.float() ** 2
+            if finite:
+                for n, m in modules.items():
+                    if per_example:
+                        x, grad = seen[n]
+                        sums[n] += example_row_norms(x, grad)
+                    else:
+                        sums[n] += m.weight.grad.float().square().sum(dim=1)
             for m in modules.values():
                 m.weight.grad = None
-            yield StepReport("calibrate", step, count, float(loss.detach()), _now() - start, skipped=not finite)
+            seen.clear()
+            shown = float(loss.detach()) / (len(losses) if per_example else 1)
+            yield StepReport("calibrate", step, count, shown, _now() - start, skipped=not finite)
     finally:
+        for h in handles:
+            h.remove()
         for p in model.parameters():
             p.requires_grad_(flags[id(p)])
         model.train(was_training)

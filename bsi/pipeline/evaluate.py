@@ -1,47 +1,101 @@
-"""Measuring a model on a task: the loss that everything optimises, and accuracy.
+"""Measuring a model on a task: answer-token loss and exact-match accuracy, problem by problem.
 
-* the loss, :data:`bsi.pipeline.losses.answer_token_loss`, lives in
-  :mod:`bsi.pipeline.losses`;
-* :func:`generate_answers` lets the model answer questions greedily.
-* :func:`evaluate` combines both on a test set: exact-match accuracy of the
-  final number, and the token-weighted answer loss.
+One pass per batch of held-out problems gives both numbers:
+
+1. **Teacher-forced forward.** The prompt (left-padded) and the gold answer
+   (right-padded) run through the model together. The logits at the answer
+   positions give each problem's answer-token cross-entropy, the same loss
+   training minimises (:data:`bsi.pipeline.losses.answer_token_loss`).
+2. **Greedy answer from the same prefix.** The logits at the last prompt
+   position are also the model's first greedy token; the key-value cache is
+   cropped back to the prompt and :func:`greedy_decode` continues from
+   there, so the prompt is processed once for both numbers. A row stops at
+   the end-of-turn token, or as soon as its first answer line
+   (``#### <number>`` and one character after it) is complete: what follows
+   cannot change the answer, and on a CPU, decoding dominates the cost of
+   evaluating a damaged model that rambles. Finished rows leave the batch.
+
+:func:`evaluate` returns an :class:`Evaluation`: one :class:`ProblemOutcome`
+per problem (correct or not, summed loss, token count) and the aggregate
+:class:`Metrics`. The outcomes are what paired confidence intervals are
+computed from (:mod:`bsi.analysis.stats`). Evaluation never truncates: the
+whole question and the whole gold answer are scored.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from bsi.pipeline.losses import answer_token_loss, device_of
-
-from bsi.data import (
-    Example,
-    answers_match,
-    build_prompt,
-    collate,
-    encode_example,
-    extract_answer,
-    pad_id,
-    stop_token_ids,
-)
+from bsi.data import Example, answers_match, encode_answer, encode_prompt, extract_answer, pad_id, stop_token_ids
+from bsi.pipeline.losses import accepts_logits_to_keep, device_of
 
 
 @dataclass(frozen=True)
 class Metrics:
-    """Task metrics: ``accuracy`` in [0, 1], mean answer-token ``loss``, test-set size."""
+    """Task metrics: ``accuracy`` in [0, 1] over ``examples`` answered problems, and the mean answer-token ``loss``.
+
+    ``loss_examples`` is how many problems the loss averages over (token-weighted);
+    None when it is the same set as the accuracy's.
+    """
 
     accuracy: float
     loss: float
     examples: int
+    loss_examples: int | None = None
 
     def to_dict(self) -> dict:
         """The metrics as a plain dict (JSON-serialisable)."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ProblemOutcome:
+    """What the model did on one held-out problem.
+
+    ``loss_sum`` is the cross-entropy summed over the problem's ``tokens``
+    answer tokens (so a set's loss is ``sum(loss_sum) / sum(tokens)``).
+    ``correct`` is None for a problem scored for its loss only.
+    """
+
+    loss_sum: float
+    tokens: int
+    correct: bool | None = None
+    prediction: str | None = None
+
+    @property
+    def loss(self) -> float:
+        """The mean answer-token loss of this problem alone."""
+        return self.loss_sum / self.tokens if self.tokens else float("nan")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One :class:`ProblemOutcome` per problem, in the order the problems were given."""
+
+    outcomes: tuple[ProblemOutcome, ...]
+
+    @property
+    def metrics(self) -> Metrics:
+        answered = [o for o in self.outcomes if o.correct is not None]
+        tokens = sum(o.tokens for o in self.outcomes)
+        accuracy = sum(bool(o.correct) for o in answered) / len(answered) if answered else float("nan")
+        loss = sum(o.loss_sum for o in self.outcomes) / tokens if tokens else float("nan")
+        scored = len(self.outcomes)
+        return Metrics(accuracy=accuracy, loss=loss, examples=len(answered),
+                       loss_examples=None if scored == len(answered) else scored)
+
+    def columns(self) -> dict[str, list]:
+        """The outcomes as three aligned columns, ``correct`` (None: not answered), ``loss_sum``, ``tokens``."""
+        return {"correct": [o.correct for o in self.outcomes], "loss_sum": [o.loss_sum for o in self.outcomes],
+                "tokens": [o.tokens for o in self.outcomes]}
 
 
 @contextmanager
@@ -55,107 +109,192 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
         model.train(was_training)
 
 
-@contextmanager
-def _left_padding(tokenizer: PreTrainedTokenizerBase) -> Iterator[PreTrainedTokenizerBase]:
-    """Pad on the left for a block: batched generation continues every row at its end."""
-    previous = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        yield tokenizer
-    finally:
-        tokenizer.padding_side = previous
+_COMPLETE_ANSWER = re.compile(r"####\s*-?\s*\$?\s*\d[\d,]*(?:\.\d+)?[^\d,.]")
 
 
-def generate_answers(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    questions: Sequence[str],
-    *,
-    max_new_tokens: int = 96,
-    batch_size: int = 16,
-) -> list[str]:
-    """Greedy answers to ``questions``, in order, as decoded text.
+def answer_line_complete(text: str) -> bool:
+    """True once ``text`` holds an answer line ``#### <number>`` followed by a character that ends the number.
 
-    Prompts come from :func:`bsi.data.build_prompt`. Questions are batched
-    by prompt length (less padding) and padded on the left, so every row's
-    new tokens start at the same position. Generation stops at the
-    end-of-turn or end-of-sequence token; only the new tokens are decoded,
-    without special tokens.
+    >>> answer_line_complete("3 + 4 = 7\\n#### 7"), answer_line_complete("#### 7\\n")
+    (False, True)
+    """
+    return _COMPLETE_ANSWER.search(text) is not None
+
+
+# ----------------------------------------------------------------- batching
+def _left_pad(rows: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``(ids, mask)``, both (B, P) int64: every row ends at the same position."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row):] = 1
+    return ids, mask
+
+
+def _right_pad(rows: Sequence[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``(ids, mask)``, both (B, A) int64."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Position of every token counting real tokens only: ``cumsum(mask) - 1``, 0 on left padding. (B, T) int64."""
+    return (mask.cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def _score_batch(model: nn.Module, prompts: Sequence[list[int]], answers: Sequence[list[int]], pad: int,
+                 keep_cache: bool):
+    """The teacher-forced pass over ``prompt + gold answer`` for a batch.
+
+    Returns ``(loss_sums (B,), counts (B,), first_logits (B, V), cache, prompt_mask (B, P))``;
+    ``first_logits`` are the logits after the prompt (the first greedy token),
+    ``cache`` the key-value cache cropped back to the prompt (None unless asked).
     """
     device = device_of(model)
-    prompts = [build_prompt(tokenizer, q) for q in questions]
-    add_special = not tokenizer.chat_template  # a chat template writes its own special tokens
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    prompt_ids, prompt_mask = _left_pad(prompts, pad)  # (B, P)
+    answer_ids, answer_mask = _right_pad(answers, pad)  # (B, A)
+    ids = torch.cat([prompt_ids, answer_ids], dim=1).to(device)  # (B, P + A)
+    mask = torch.cat([prompt_mask, answer_mask], dim=1).to(device)  # (B, P + A)
+    width = answer_ids.shape[1]
+    kwargs = dict(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), use_cache=keep_cache)
+    if accepts_logits_to_keep(model):
+        output = model(**kwargs, logits_to_keep=width + 1)
+        logits = output.logits[:, :width + 1]  # positions P-1 .. P+A-1
+    else:
+        output = model(**kwargs)
+        logits = output.logits[:, -(width + 1):]
+    logits = logits.float()  # (B, A + 1, V): position P-1+j predicts answer token j
+    targets = answer_ids.to(device)  # (B, A)
+    per_token = F.cross_entropy(logits[:, :width].transpose(1, 2), targets, reduction="none")  # (B, A)
+    valid = answer_mask.to(device).bool()  # (B, A)
+    loss_sums = (per_token * valid).sum(dim=1)  # (B,)
+    counts = valid.sum(dim=1)  # (B,)
+    cache = None
+    if keep_cache:
+        cache = output.past_key_values
+        cache.crop(-width)  # back to the prompt: generation continues from there
+    return loss_sums.cpu(), counts.cpu(), logits[:, 0], cache, prompt_mask.to(device)
+
+
+@torch.inference_mode()
+def greedy_decode(model: nn.Module, tokenizer: PreTrainedTokenizerBase, first_logits: torch.Tensor, cache,
+                  prompt_mask: torch.Tensor, *, max_new_tokens: int, stop_at_answer_line: bool = True) -> list[str]:
+    """Greedy continuation of a batch of prompts already in ``cache``; returns each row's decoded text.
+
+    Args:
+        first_logits: (B, V) logits after each prompt (they choose the first token).
+        cache: the key-value cache holding exactly the left-padded prompts.
+        prompt_mask: (B, P) attention mask of the prompts (0 on left padding).
+
+    Each row stops at the end-of-turn or end-of-sequence token (not part of
+    its text), at ``max_new_tokens``, or with ``stop_at_answer_line`` once its
+    first ``#### <number>`` line is complete (:func:`answer_line_complete`).
+    Rows that stop leave the batch, so the remaining steps cost less.
+    """
+    stops = set(stop_token_ids(tokenizer))
+    rows = first_logits.shape[0]
+    tokens: list[list[int]] = [[] for _ in range(rows)]
+    active = torch.arange(rows)  # batch position -> original row
+    mask = prompt_mask
+    position = mask.sum(dim=1)  # (b,) the next token's position: real tokens so far
+    logits = first_logits
+    for step in range(max_new_tokens):
+        chosen = logits.argmax(dim=-1)  # (b,)
+        keep = []
+        for i, (row, token) in enumerate(zip(active.tolist(), chosen.tolist())):
+            if token in stops:
+                continue
+            tokens[row].append(token)
+            text = tokenizer.decode(tokens[row], skip_special_tokens=True)
+            if stop_at_answer_line and answer_line_complete(text):
+                continue
+            keep.append(i)
+        if not keep or step == max_new_tokens - 1:
+            break
+        if len(keep) < len(active):
+            index = torch.tensor(keep, device=mask.device)
+            cache.batch_select_indices(index)
+            active, mask, position, chosen = active[keep], mask[index], position[index], chosen[index]
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)  # (b, P + step + 1)
+        output = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=position[:, None],
+                       past_key_values=cache, use_cache=True)
+        logits = output.logits[:, -1].float()  # (b, V)
+        position = position + 1
+    return [tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens]
+
+
+def _length_order(lengths: Sequence[int]) -> list[int]:
+    """Indices from the longest item to the shortest (batches of similar length pad less)."""
+    return sorted(range(len(lengths)), key=lambda i: -lengths[i])
+
+
+def generate_answers(model: nn.Module, tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], *,
+                     max_new_tokens: int = 96, batch_size: int = 16, stop_at_answer_line: bool = True) -> list[str]:
+    """Greedy answers to ``questions``, in order, as decoded text.
+
+    Prompts come from :func:`bsi.data.build_prompt` (the model's chat
+    template). Questions are batched by prompt length and padded on the
+    left; see :func:`greedy_decode` for where an answer stops.
+    """
+    pad = pad_id(tokenizer)
+    prompts = [encode_prompt(tokenizer, q) for q in questions]
     answers: list[str] = [""] * len(prompts)
-    with eval_mode(model), _left_padding(tokenizer), torch.inference_mode():
+    order = _length_order([len(p) for p in prompts])
+    device = device_of(model)
+    with eval_mode(model), torch.inference_mode():
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            encoded = tokenizer(
-                [prompts[i] for i in chunk], add_special_tokens=add_special, padding=True, return_tensors="pt"
-            )
-            output = model.generate(
-                input_ids=encoded["input_ids"].to(device),  # (b, P)
-                attention_mask=encoded["attention_mask"].to(device),  # (b, P)
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                num_beams=1,
-                eos_token_id=stop_token_ids(tokenizer),
-                pad_token_id=pad_id(tokenizer),
-            )  # (b, P + new)
-            new_tokens = output[:, encoded["input_ids"].shape[1] :]  # (b, new)
-            texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+            ids, mask = _left_pad([prompts[i] for i in chunk], pad)
+            ids, mask = ids.to(device), mask.to(device)
+            output = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), use_cache=True)
+            texts = greedy_decode(model, tokenizer, output.logits[:, -1].float(), output.past_key_values, mask,
+                                  max_new_tokens=max_new_tokens, stop_at_answer_line=stop_at_answer_line)
             for i, text in zip(chunk, texts):
-                answers[i] = text.strip()
+                answers[i] = text
     return answers
 
 
-def evaluate(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    examples: Sequence[Example],
-    *,
-    batch_size: int = 16,
-    max_new_tokens: int = 96,
-    max_length: int = 256,
-) -> Metrics:
-    """Accuracy and answer-token loss of ``model`` on ``examples``.
+def evaluate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], *,
+             answered: int | None = None, batch_size: int = 16, max_new_tokens: int = 96) -> Evaluation:
+    """Answer-token loss of every problem in ``examples``, and greedy answers to the first ``answered`` of them.
 
-    Accuracy: the share of questions whose generated answer ends with the
-    right number (:func:`bsi.data.extract_answer`, compared with
-    :func:`bsi.data.answers_match` to the gold ``####`` number). Loss: the
-    answer-token cross-entropy averaged over every answer token of the set
-    (long answers weigh more, as in training). The model is evaluated in eval
-    mode and left in the mode it came in.
+    Accuracy: the share of answered problems whose generated answer ends with
+    the right number (:func:`bsi.data.extract_answer`, compared by
+    :func:`bsi.data.answers_match` with the gold ``####`` number). Loss: the
+    cross-entropy of the gold answer tokens given the question, per problem
+    and token-weighted over the set. ``answered`` None answers every problem.
+    The model is evaluated in eval mode and left in the mode it came in.
     """
-    if not examples:
-        return Metrics(accuracy=float("nan"), loss=float("nan"), examples=0)
-    with eval_mode(model):
-        predictions = generate_answers(
-            model, tokenizer, [e.question for e in examples], max_new_tokens=max_new_tokens, batch_size=batch_size
-        )
-        correct = sum(
-            answers_match(extract_answer(p), extract_answer(e.answer) or "") for p, e in zip(predictions, examples)
-        )
-        loss = dataset_loss(model, tokenizer, examples, batch_size=batch_size, max_length=max_length)
-    return Metrics(accuracy=correct / len(examples), loss=loss, examples=len(examples))
+    answered = len(examples) if answered is None else min(answered, len(examples))
+    pad = pad_id(tokenizer)
+    prompts = [encode_prompt(tokenizer, e.question) for e in examples]
+    golds = [encode_answer(tokenizer, e.answer) for e in examples]
+    outcomes: list[ProblemOutcome | None] = [None] * len(examples)
+    with eval_mode(model), torch.inference_mode():
+        for group, generate in ((range(answered), True), (range(answered, len(examples)), False)):
+            group = list(group)
+            order = [group[i] for i in _length_order([len(prompts[j]) + len(golds[j]) for j in group])]
+            for start in range(0, len(order), batch_size):
+                chunk = order[start : start + batch_size]
+                sums, counts, first, cache, mask = _score_batch(model, [prompts[i] for i in chunk],
+                                                                [golds[i] for i in chunk], pad, keep_cache=generate)
+                texts = greedy_decode(model, tokenizer, first, cache, mask, max_new_tokens=max_new_tokens) \
+                    if generate else [None] * len(chunk)
+                for i, loss_sum, count, text in zip(chunk, sums.tolist(), counts.tolist(), texts):
+                    correct = None if text is None else \
+                        answers_match(extract_answer(text), extract_answer(examples[i].answer) or "")
+                    outcomes[i] = ProblemOutcome(loss_sum, int(count), correct, text)
+    return Evaluation(tuple(outcomes))  # type: ignore[arg-type]
 
 
-def dataset_loss(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    examples: Sequence[Example],
-    *,
-    batch_size: int = 16,
-    max_length: int = 256,
-) -> float:
-    """Answer-token cross-entropy over a whole set, weighted by tokens (no gradient)."""
-    encoded = [encode_example(tokenizer, e, max_length) for e in examples]
-    total, count = 0.0, 0
-    with torch.inference_mode():
-        for start in range(0, len(encoded), batch_size):
-            batch = collate(encoded[start : start + batch_size], pad_id(tokenizer))
-            batch_sum, batch_count = answer_token_loss.sum_and_count(model, batch)
-            total, count = total + float(batch_sum), count + batch_count
-    return total / count if count else float("nan")
-
-
+def dataset_loss(model: nn.Module, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], *,
+                 batch_size: int = 16) -> float:
+    """Answer-token cross-entropy over a whole set, weighted by tokens (no gradient, no generation)."""
+    return evaluate(model, tokenizer, examples, answered=0, batch_size=batch_size).metrics.loss

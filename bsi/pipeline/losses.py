@@ -50,7 +50,8 @@ def _mask_slicing_supported() -> bool:
     return tuple(kept.shape) == (1, 3)
 
 
-def _accepts_logits_to_keep(model: nn.Module) -> bool:
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether ``model.forward`` takes ``logits_to_keep`` (transformers causal LMs do: only those logits are computed)."""
     try:
         return "logits_to_keep" in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -79,7 +80,7 @@ def answer_logits(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[tor
     keep = torch.zeros_like(labels, dtype=torch.bool)  # (B, T): position t predicts a labelled token t+1
     keep[:, :-1] = labels[:, 1:] != IGNORE_INDEX
     targets = labels[:, 1:][keep[:, :-1]]  # (N,)
-    if _mask_slicing_supported() and _accepts_logits_to_keep(model):
+    if _mask_slicing_supported() and accepts_logits_to_keep(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                        logits_to_keep=keep).logits  # (N, V)
         if logits.dim() == 2 and logits.shape[0] == targets.numel():
@@ -107,6 +108,23 @@ class AnswerTokenLoss:
         """Summed cross-entropy over the labelled tokens and their number."""
         logits, targets = answer_logits(model, batch)
         return F.cross_entropy(logits, targets, reduction="sum"), int(targets.numel())
+
+    def per_example(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Each example's own mean answer-token loss, (B,) float32 with a gradient graph (NaN for a row with no label).
+
+        Their sum is what FWSVD differentiates to get per-example gradients
+        in one backward pass (:func:`bsi.pipeline.baselines.fisher_row_information`).
+        """
+        device = device_of(model)
+        mask = batch.get("attention_mask")
+        # every position's logits, so that each layer's inputs keep their (B, T) layout (the per-example
+        # gradients need it; the output layer too sees every position)
+        logits = model(input_ids=batch["input_ids"].to(device), use_cache=False,
+                       attention_mask=None if mask is None else mask.to(device)).logits[:, :-1].float()  # (B, T-1, V)
+        targets = batch["labels"].to(device)[:, 1:]  # (B, T-1)
+        per_token = F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none")
+        counts = (targets != IGNORE_INDEX).sum(dim=1)  # (B,)
+        return per_token.sum(dim=1) / counts
 
     @staticmethod
     def count(batch: dict[str, torch.Tensor]) -> int:

@@ -3,10 +3,14 @@
 A *method* is a small object with a ``name``, a one-line ``description`` and
 ``compress(pipeline)``: a generator that turns ``pipeline.model`` (already
 task-fine-tuned) into a model of :class:`~bsi.method.layers.BasisLinear`
-layers of the size the configuration asks for. Everything else, task
-fine-tuning (cached, so a sweep does it once), the recovery stage, export,
-size accounting and evaluation, is :class:`~bsi.pipeline.runner.Pipeline`'s
-and identical for every method.
+layers of every size the configuration asks for (``compress.sizes``: the
+stops, then ``target_ratio``). Each time the model has one of those sizes it
+yields a :class:`~bsi.reports.SizeReport`; until the generator resumes,
+``pipeline.model`` *is* the model of that size (``bsi sweep`` copies it
+there, so one run gives every size). Everything else, task fine-tuning
+(cached, so a sweep does it once), the recovery stage, export, size
+accounting and evaluation, is :class:`~bsi.pipeline.runner.Pipeline`'s and
+identical for every method.
 
 ==========  ==================================================================
 name        what it keeps
@@ -14,19 +18,25 @@ name        what it keeps
 svd         each layer's top-k singular triplets
 svd-llm     top-k of the SVD of the whitened weight ``W S`` (output error on task inputs)
 fwsvd       top-k of the Fisher-row-weighted SVD (weights undone after)
-asvd        top-k of the activation-scaled SVD (scales undone after)
+asvd        top-k of the activation-scaled SVD (scales undone after), ranks by sensitivity
 basel       engine: prune the smallest re-learned ``|sigma_i|``
 bsi-grad    engine: BSI without the curvature term, ``-sigma_i E[dl/dsigma_i]``
 bsi         engine: BSI, gradient plus curvature term
 ==========  ==================================================================
 
-The engine methods run :meth:`Pipeline.run_engine` with their score (the
-bases, plain or whitened, are ``compress.bases`` for all three). Add a method
-by adding an entry to :data:`METHODS`.
+The truncation methods run as published: no auxiliary vectors (so at a given
+size they keep the rank the published method keeps), ASVD with its
+sensitivity rank search, FWSVD with per-example Fisher information
+(:class:`BaselineConfig` can switch each back, for ablations). The engine
+methods run :meth:`Pipeline.run_engine` with their score; their bases and
+schedule are the ``compress`` section's (see :mod:`bsi.pipeline.protocols`
+for the published and the tuned settings). Add a method by adding an entry
+to :data:`METHODS`.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -38,10 +48,10 @@ from torch import nn
 from bsi.errors import BSIError
 from bsi.method.bases import weighted_svd, whitened_bases
 from bsi.method.schedule import LayerShape
-from bsi.method.surgery import Bases, compressible_linear_names, to_basis_form
+from bsi.method.surgery import Bases, compressible_linear_names, size_report, to_basis_form
 from bsi.pipeline.baselines import (
     activation_scales,
-    fisher_information,
+    fisher_row_information,
     fisher_row_weights,
     input_statistics,
     sensitivity_ranks,
@@ -53,7 +63,8 @@ from bsi.pipeline.losses import answer_token_loss
 if TYPE_CHECKING:
     from bsi.pipeline.runner import Pipeline, Report
 
-ALLOCATIONS = ("uniform", "sensitivity")
+ALLOCATIONS = ("published", "uniform", "sensitivity")
+FISHER = ("example", "batch")
 
 
 @dataclass
@@ -61,36 +72,34 @@ class BaselineConfig:
     """Settings of the truncation baselines (the engine methods ignore them).
 
     Their calibration batches are ``compress.calibration_batches``, the same
-    number the engine's whitened bases use.
+    number the engine's whitened bases use. The defaults are the published
+    methods; the other values exist to measure what each shortcut changes
+    (docs/method.md, "Protocols").
 
     Args:
         alpha: ASVD's exponent in ``s_j = mean|x_j| ** alpha``.
-        allocation: ``uniform`` (every layer keeps the same share of its size)
-            or ``sensitivity`` (ASVD's loss-driven allocation; one loss
-            evaluation per layer and share, slow on big models).
-        sensitivity_shares: the shares of a layer's size tried by ``sensitivity``.
+        allocation: ``published`` (each method's own: sensitivity for ASVD,
+            uniform for the others), ``uniform`` (every layer keeps the same
+            share of its size) or ``sensitivity`` (ASVD's loss-driven
+            allocation: one loss evaluation per layer and share).
+        sensitivity_shares: the shares of a layer's size ``sensitivity`` tries;
+            a target below the smallest share cannot be reached by it.
         sensitivity_batches: batches the sensitivity loss is measured on.
-        recover_steps, recover_lr: in a sweep, the truncation baselines'
-            recovery steps and peak learning rate when they should differ
-            from the shared ``recover`` section (None: the shared value).
-            A one-shot truncation starts its recovery far from the task,
-            where the engine methods (gradual, re-tuned between rounds) start
-            close to it: on the embedded task at 0.6, plain SVD starts at
-            loss 12.0 and reaches 6.5 after 8 steps at 2e-5, 2.0 after 32
-            steps at 1e-4 and 0.87 after 64 (accuracy 0%, 2%, 8% of 50),
-            while an lr fit for it costs the engine methods accuracy
-            (docs/benchmarks.md).
+        fisher: FWSVD's information, ``example`` (per-example squared
+            gradients, published) or ``batch`` (squared batch-mean gradients).
+        aux_rank: auxiliary vectors per layer, paid out of the rank (0, as
+            published: none).
     """
 
     alpha: float = 0.5
-    allocation: str = "uniform"
-    sensitivity_shares: tuple[float, ...] = (0.1, 0.2, 0.35, 0.5, 0.7, 0.9)
-    sensitivity_batches: int = 2
-    recover_steps: int | None = None
-    recover_lr: float | None = None
+    allocation: str = "published"
+    sensitivity_shares: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75)
+    sensitivity_batches: int = 1
+    fisher: str = "example"
+    aux_rank: int = 0
 
     def __post_init__(self) -> None:
-        self.sensitivity_shares = tuple(float(s) for s in self.sensitivity_shares)
+        self.sensitivity_shares = tuple(sorted(float(s) for s in self.sensitivity_shares))
         if not self.alpha >= 0:
             raise BSIError(f"alpha must be >= 0, got {self.alpha}")
         if self.allocation not in ALLOCATIONS:
@@ -99,17 +108,21 @@ class BaselineConfig:
             raise BSIError(f"sensitivity_shares must be values in (0, 1], got {self.sensitivity_shares}")
         if self.sensitivity_batches < 1:
             raise BSIError(f"sensitivity_batches must be >= 1, got {self.sensitivity_batches}")
-        if self.recover_steps is not None and not (isinstance(self.recover_steps, int) and self.recover_steps >= 0):
-            raise BSIError(f"the baselines' recover_steps must be an integer >= 0, got {self.recover_steps}")
-        if self.recover_lr is not None and not self.recover_lr > 0:
-            raise BSIError(f"the baselines' recover_lr must be positive, got {self.recover_lr}")
-
-    def recover_overrides(self) -> dict[str, Any]:
-        """The ``recover`` fields a truncation baseline's cell overrides (empty: the shared recovery)."""
-        return {k: v for k, v in (("steps", self.recover_steps), ("lr", self.recover_lr)) if v is not None}
+        if self.fisher not in FISHER:
+            raise BSIError(f"fisher must be one of {', '.join(FISHER)}, got '{self.fisher}'")
+        if not (isinstance(self.aux_rank, int) and self.aux_rank >= 0):
+            raise BSIError(f"the baselines' aux_rank must be an integer >= 0, got {self.aux_rank}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "BaselineConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise BSIError(f"unknown baseline setting(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        return cls(**dict(data))
 
 
 class Method(Protocol):
@@ -154,9 +167,10 @@ def _whitened(pipeline: "Pipeline", dense: Mapping[str, nn.Linear]):
 
 
 def _fisher_weighted(pipeline: "Pipeline", dense: Mapping[str, nn.Linear]):
-    sums = yield from fisher_information(pipeline.model, dense, pipeline.stream(4),
-                                         pipeline.config.compress.calibration_batches, answer_token_loss)
-    weights = {n: fisher_row_weights(pipeline.dist.reduce(sums[n])) for n in dense}
+    rows = yield from fisher_row_information(pipeline.model, dense, pipeline.stream(4),
+                                             pipeline.config.compress.calibration_batches, answer_token_loss,
+                                             per_example=pipeline.baseline.fisher == "example")
+    weights = {n: fisher_row_weights(pipeline.dist.reduce(rows[n])) for n in dense}
     return lambda name, linear: weighted_svd(linear.weight, weights[name], None)
 
 
@@ -174,30 +188,39 @@ class TruncationMethod:
 
     ``bases_of(pipeline, dense_layers)`` is a generator that may report
     calibration steps and returns ``(name, linear) -> (U, sigma, V)`` (None:
-    the plain SVD).
+    the plain SVD). ``allocation`` is the published method's rank rule
+    (``uniform`` or ``sensitivity``). The bases are computed once; each size
+    of the run is a truncated copy of the full-rank model.
     """
 
     name: str
     description: str
     bases_of: BasesOf = field(default=_plain)
+    allocation: str = "uniform"
 
     def compress(self, pipeline: "Pipeline") -> Iterator["Report"]:
         cfg, model = pipeline.config.compress, pipeline.model
         if cfg.size_mode != "target":
             raise BSIError(f"method '{self.name}' needs a target size: give target_ratio (--target-ratio), not keep_ratio")
+        allocation = self.allocation if pipeline.baseline.allocation == "published" else pipeline.baseline.allocation
         dense = {n: model.get_submodule(n) for n in compressible_linear_names(model)}
         bases = yield from self.bases_of(pipeline, dense)
-        layers = to_basis_form(model, aux_rank=cfg.aux_rank, seed=cfg.seed, bases=bases)
+        layers = to_basis_form(model, aux_rank=pipeline.baseline.aux_rank, seed=pipeline.config.seed, bases=bases)
         shapes = {n: LayerShape(layer.in_features, layer.out_features, layer.rank, layer.aux_rank,
                                 layer.bias is not None) for n, layer in layers.items()}
-        if pipeline.baseline.allocation == "sensitivity":
+        sensitivity = None
+        if allocation == "sensitivity":
             sensitivity = yield from truncation_sensitivity(
                 model, layers, pipeline.baseline.sensitivity_shares, calibration_loss(pipeline))
-            ranks = sensitivity_ranks(shapes, cfg.target_ratio, sensitivity)
-        else:
-            ranks = uniform_ranks(shapes, cfg.target_ratio)
-        for name, layer in layers.items():
-            layer.keep(torch.arange(ranks[name]))
+        full = model
+        for index, target in enumerate(cfg.sizes):
+            ranks = sensitivity_ranks(shapes, target, sensitivity) if sensitivity is not None \
+                else uniform_ranks(shapes, target)
+            last = index == len(cfg.sizes) - 1
+            pipeline.model = full if last else copy.deepcopy(full)  # the full-rank bases serve the next size
+            for name in layers:
+                pipeline.model.get_submodule(name).keep(torch.arange(ranks[name]))
+            yield size_report(pipeline.model, target)
 
 
 def calibration_loss(pipeline: "Pipeline") -> Callable[[], float]:
@@ -223,10 +246,10 @@ METHODS: dict[str, Method] = {
     "svd": TruncationMethod("svd", "plain SVD: each layer keeps its top-k singular triplets"),
     "svd-llm": TruncationMethod("svd-llm", "SVD-LLM: top-k of the SVD of the weight on whitened task inputs",
                                 _whitened),
-    "fwsvd": TruncationMethod("fwsvd", "Fisher-weighted SVD (row weights from squared task gradients)",
+    "fwsvd": TruncationMethod("fwsvd", "Fisher-weighted SVD (row weights from per-example squared task gradients)",
                               _fisher_weighted),
-    "asvd": TruncationMethod("asvd", "activation-aware SVD (input channels scaled by mean|x|^alpha)",
-                             _activation_scaled),
+    "asvd": TruncationMethod("asvd", "activation-aware SVD (input channels scaled by mean|x|^alpha), ranks by "
+                             "sensitivity", _activation_scaled, allocation="sensitivity"),
     "basel": EngineMethod("basel", "basel", "Basel: prune the smallest re-learned |sigma|"),
     "bsi-grad": EngineMethod("bsi-grad", "bsi-grad", "BSI without the curvature term: first-order loss change"),
     "bsi": EngineMethod("bsi", "bsi", "BSI: first- plus second-order loss change"),

@@ -37,21 +37,23 @@ import torch
 from torch import nn
 
 from bsi.pipeline.checkpoint import load_checkpoint, save_checkpoint
-from bsi.config import PipelineConfig
-from bsi.data import BatchStream, TaskData, load_task
+from bsi.config import PipelineConfig, RecoverConfig, protocol_deviations
+from bsi.data import EMBEDDED_TASK, BatchStream, TaskData, load_task
 from bsi.pipeline.distributed import from_environment
 from bsi.method.engine import Compressor
 from bsi.errors import BSIError
 from bsi.pipeline.losses import DistillationLoss, answer_token_loss
-from bsi.pipeline.evaluate import Metrics, evaluate
+from bsi.pipeline.evaluate import Evaluation, Metrics, evaluate
 from bsi.pipeline.export import WEIGHTS, write_model_files
 from bsi.files import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir, refuse_to_replace
 from bsi.models import cache_root, load_model_and_tokenizer, model_id, resolve_device, resolve_dtype
-from bsi.method.surgery import basis_layers, compressible_linear_names, compressible_parameters, model_parameters, to_exported_form
-from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
+from bsi.method.surgery import (basis_layers, compressible_linear_names, compressible_parameters, model_parameters,
+                                size_report, to_exported_form)
+from bsi.pipeline.methods import BaselineConfig, Method, engine_method, get_method
+from bsi.reports import DoneReport, EvalReport, RoundReport, SizeReport, StageReport, StepReport
 from bsi.pipeline.training import finetune
 
-Report = StageReport | StepReport | RoundReport | EvalReport | DoneReport
+Report = StageReport | StepReport | RoundReport | SizeReport | EvalReport | DoneReport
 
 CHECKPOINT = "checkpoint"  # sub-folder of out_dir holding the last complete round
 
@@ -75,6 +77,23 @@ def recovery_parameters(model: nn.Module, train_embeddings: bool = False) -> lis
         if (train_embeddings or id(p) not in embeddings) and id(p) not in unique:
             unique[id(p)] = p
     return list(unique.values())
+
+
+def outcome_lines(evaluations: dict[str, Evaluation], task: TaskData | None) -> str:
+    """``outcomes.jsonl``: one line per evaluated model and test problem, in test order.
+
+    Each line: ``model`` (``finetuned`` or ``recovered``), ``index`` in the
+    test set, the question, the generated answer (null: scored for the loss
+    only), ``correct``, and the answer-token ``loss_sum`` over ``tokens``.
+    """
+    lines = []
+    for when, evaluation in evaluations.items():
+        for index, outcome in enumerate(evaluation.outcomes):
+            lines.append(json.dumps({
+                "model": when, "index": index, "question": task.test[index].question if task else None,
+                "prediction": outcome.prediction, "correct": outcome.correct, "loss_sum": outcome.loss_sum,
+                "tokens": outcome.tokens}))
+    return "".join(line + "\n" for line in lines)
 
 
 def check_run_folder(out_dir: str | Path, *, force: bool = False) -> Path:
@@ -103,6 +122,9 @@ def finetune_cache_key(config: PipelineConfig, dtype: torch.dtype) -> str:
     inputs = {
         "model": model_id(config.model), "data": config.data, "fields": [config.question_field, config.answer_field],
         "train_size": config.train_size, "test_size": config.test_size, "seed": config.seed,
+        # a validation set comes out of a file's training examples (the embedded task draws it elsewhere)
+        **({"validation_size": config.validation_size}
+           if config.validation_size and config.data != EMBEDDED_TASK else {}),
         "batch_size": config.batch_size, "max_length": config.max_length, "dtype": str(dtype),
         "finetune": config.finetune.to_dict(), "version": 1,
     }
@@ -130,8 +152,6 @@ class Pipeline:
     def __init__(self, config: PipelineConfig, out_dir: str | Path | None = None,
                  cache_dir: str | Path | None = None, *, method: Any = None, baseline: Any = None,
                  reference: Metrics | None = None, force: bool = False) -> None:
-        from bsi.pipeline.methods import BaselineConfig, engine_method, get_method
-
         self.config = config
         self.out_dir = check_run_folder(out_dir, force=force) if out_dir is not None else None
         self.cache_dir = cache_dir
@@ -148,6 +168,7 @@ class Pipeline:
         self.task: TaskData | None = None
         self.rounds: list[RoundReport] = []
         self.metrics: dict[str, Metrics] = {}
+        self.evaluations: dict[str, Evaluation] = {}  # per-problem outcomes of each evaluated model
         self.table: dict[str, dict] = {}
         self.notes: list[str] = []
         self.round_log: list[dict[str, Any]] = []  # compact_round of every finished round
@@ -174,13 +195,18 @@ class Pipeline:
     def method_name(self) -> str:
         return self.method.name
 
+    @property
+    def method_is_engine(self) -> bool:
+        """True for the engine methods (the protocol's settings apply to them only)."""
+        return getattr(self.method, "score", None) is not None
+
     # --------------------------------------------------------------- stages
     def load(self) -> None:
         """Load the task and the model (validating both before any training)."""
         cfg = self.config
         self.task = load_task(
             cfg.data, question_field=cfg.question_field, answer_field=cfg.answer_field,
-            test_size=cfg.test_size, train_size=cfg.train_size, seed=cfg.seed,
+            test_size=cfg.test_size, train_size=cfg.train_size, seed=cfg.seed, validation_size=cfg.validation_size,
         )
         if not self.task.train:
             raise BSIError(f"dataset '{cfg.data}' has no training examples left after the test split")
@@ -266,6 +292,11 @@ class Pipeline:
             self.teacher = copy.deepcopy(self.model).eval()  # the fine-tuned dense model, frozen
             for p in self.teacher.parameters():
                 p.requires_grad_(False)
+        deviations = protocol_deviations(self.config) if self.method_is_engine else []
+        if deviations:
+            note = f"protocol {self.config.protocol}, except {', '.join(deviations)}"
+            self.notes.append(note)
+            yield StageReport("compress", "note", note)
         yield from self.method.compress(self)
 
     def train_loss(self, weight: float) -> Any:
@@ -288,7 +319,8 @@ class Pipeline:
         on_shards = {"convert_layers": self.sharding.convert, "prune_layer": self.sharding.keep} if sharded else {}
         compressor = Compressor(self.model, stream, cfg, answer_token_loss,
                                 train_loss_fn=self.train_loss(cfg.distill), compute_dtype=self.dtype,
-                                reduce=self.dist.reduce, probe_seed=cfg.seed + 7919 * self.dist.rank, **on_shards)
+                                reduce=self.dist.reduce, seed=self.config.seed,
+                                probe_seed=self.config.seed + 7919 * self.dist.rank, **on_shards)
         if self._resume is not None:
             tensors, position = self._own_state(*self._resume)
             compressor.load_state_dict(tensors, self._resume[1]["compressor"])
@@ -306,11 +338,13 @@ class Pipeline:
                                          for p in (layer.sigma, layer.aux_u, layer.aux_v))
         try:
             for report in self._limit_skips(compressor.run()):
+                yield report
                 if isinstance(report, RoundReport):
                     self.rounds.append(report)
                     self.round_log.append(compact_round(report))
                     self.checkpoint(compressor, stream)
-                yield report
+                    if report.stop is not None:
+                        yield size_report(self.model, report.stop)
         finally:
             for hook in hooks:
                 hook.remove()
@@ -393,7 +427,7 @@ class Pipeline:
                     )
             yield report
 
-    def recover_stage(self) -> Iterator[Report]:
+    def recover_stage(self, recover: RecoverConfig | None = None) -> Iterator[Report]:
         """Stage 3: fine-tune the compressed model; afterwards it is in its exported form.
 
         ``recover.train="factors"``: the model is exported first (two-factor
@@ -402,9 +436,10 @@ class Pipeline:
         embeddings if asked). ``"sigma"``: only the coefficients and auxiliary
         vectors train, in the Basel form, as while pruning (the paper-faithful
         ablation). Either way with the task loss, or distilling from the
-        fine-tuned dense model (``recover.distill``).
+        fine-tuned dense model (``recover.distill``). ``recover`` replaces the
+        configuration's section (a sweep tries several learning rates).
         """
-        cfg = self.config.recover
+        cfg = recover or self.config.recover
         if cfg.steps == 0 or cfg.train == "factors":
             self.unshard()
         if cfg.steps == 0:
@@ -437,18 +472,27 @@ class Pipeline:
         yield StageReport("recover", "end")
 
     def evaluate_stage(self, when: str) -> Iterator[Report]:
+        """Evaluate the model on the test problems: ``eval_loss_examples`` scored, the first ``eval_examples`` answered.
+
+        Keeps the per-problem outcomes in :attr:`evaluations` and the
+        aggregate in :attr:`metrics`, both under ``when``.
+        """
         cfg = self.config
-        if cfg.eval_examples == 0:
+        if cfg.eval_examples == 0 and not cfg.eval_loss_examples:
             return
         assert self.task is not None
         yield StageReport("evaluate", "start", when)
         start = time.perf_counter()
-        metrics = evaluate(self.model, self.tokenizer, self.task.test[: cfg.eval_examples],
-                           batch_size=cfg.eval_batch_size, max_new_tokens=cfg.max_new_tokens,
-                           max_length=cfg.max_length)
-        self.metrics[when] = metrics
+        evaluation = self.evaluate_on(self.task.test[: cfg.scored_examples], answered=cfg.eval_examples)
+        self.evaluations[when], self.metrics[when] = evaluation, evaluation.metrics
+        metrics = evaluation.metrics
         yield EvalReport(when, metrics.accuracy, metrics.loss, metrics.examples,
                          model_parameters(self.model), time.perf_counter() - start)
+
+    def evaluate_on(self, examples, answered: int | None = None) -> Evaluation:
+        """The model's outcomes on ``examples`` (the first ``answered`` answered; 0: loss only)."""
+        return evaluate(self.model, self.tokenizer, examples, answered=answered,
+                        batch_size=self.config.eval_batch_size, max_new_tokens=self.config.max_new_tokens)
 
     # ------------------------------------------------------------------ run
     def run(self) -> Iterator[Report]:
@@ -479,6 +523,8 @@ class Pipeline:
             "compressible_ratio_of": "parameters of the compressed linear layers after / before",
             "metrics_before": self.metrics["finetuned"].to_dict() if "finetuned" in self.metrics else None,
             "metrics_after": self.metrics["recovered"].to_dict() if "recovered" in self.metrics else None,
+            "protocol": self.config.protocol,
+            "protocol_deviations": protocol_deviations(self.config) if self.method_is_engine else [],
             "eps": self.round_log[-1]["eps"] if self.round_log else None,
             "ranks": {name: spec["rank"] for name, spec in self.table.items()},
             "seconds": time.perf_counter() - start,
@@ -515,6 +561,7 @@ class Pipeline:
                 summary["bytes_on_disk"] = (tmp / WEIGHTS).stat().st_size  # the compressed weights file
                 summary["bytes_before"] = summary["params_before"] * torch.finfo(self.dtype).bits // 8  # dense, same dtype
                 atomic_write_text(tmp / "rounds.jsonl", "".join(json.dumps(r) + "\n" for r in self.round_log))
+                atomic_write_text(tmp / "outcomes.jsonl", outcome_lines(self.evaluations, self.task))
                 atomic_write_json(tmp / "summary.json", summary)
         except OSError as err:
             raise BSIError(f"cannot write the result into '{self.out_dir}' ({err.strerror or err}); "

@@ -1,57 +1,66 @@
-"""``bsi sweep``: every method at every target size, one table, one figure.
+"""``bsi sweep``: a comparison study of every method at every size, with seeds, protocols and intervals.
 
-A sweep is a grid of *cells* (method, target ratio). Each cell runs the same
-three-stage pipeline (:class:`~bsi.pipeline.runner.Pipeline` with the cell's method); the task
-fine-tune is cached by hash, so it runs once for the whole grid, and the
-fine-tuned dense model is evaluated once, as the ``dense`` reference row.
-After each cell the compressed model's generation speed is measured against
-the dense model *in the same call* (:mod:`bsi.analysis.speed`).
+The grid is seeds x methods x targets (x protocols for the engine methods,
+see :data:`bsi.config.PROTOCOLS`). Every cell goes through the same three
+stages as ``bsi compress``: the task fine-tune (cached per seed), the
+method, and a recovery fine-tune of the same length for every method. What
+makes a cell's result comparable:
 
-Outputs in ``--out DIR``, all rewritten atomically after every cell:
+* **One run per method, every size.** A method is run once per seed (and
+  protocol) with all its targets as the run's sizes (``compress.stops``):
+  the engine prunes along one path and each size is the state at the end of
+  the round that reaches it; a truncation method computes its bases once and
+  truncates a copy per size. Each size is then recovered and evaluated on
+  its own.
+* **Equal recovery budgets.** Every method recovers for the same steps. With
+  an ``lr_grid`` its learning rate is chosen from the grid by the loss on a
+  validation set carved from the training data (never the test problems),
+  on the first seed, at the ``lr_targets``; the choice and the validation
+  losses are recorded in the cell's row.
+* **Seeds and per-problem outcomes.** The run seed reaches the splits, the
+  fine-tune, the batches, the probes and the auxiliary vectors. Every
+  evaluated model's outcomes (correct or not, answer-token loss, per problem)
+  are saved under ``outcomes/``; ``stats.json`` and ``results.md`` give
+  paired bootstrap intervals of each method's difference from ``bsi``
+  (:mod:`bsi.analysis.study`).
 
-* ``results.jsonl`` — one JSON object per finished cell (the reference first);
-* ``results.md`` — the markdown table;
-* ``figure.html`` — accuracy and answer-token loss against model size, one
-  line per method (standalone plotly HTML, opens offline).
-
-Resuming: cells already in ``results.jsonl`` are skipped, so an interrupted
-sweep continues where it stopped. Every row records a fingerprint of the
-settings; a folder holding a sweep with other settings is refused rather than
-mixed. Seeds are fixed (``--seed``, recorded), so on CPU the same sweep gives
-the same accuracies and losses (times and speeds vary, of course).
-
-Several processes (``torchrun ... -m bsi sweep``, see
-:mod:`bsi.pipeline.distributed`): every cell is an ordinary
-:class:`~bsi.pipeline.runner.Pipeline`, so all processes compress it together
-(summed statistics, averaged gradients, their own probes; ``--fsdp`` shards the
-bases) and end with the same model. Rank 0 measures the speeds and writes the
-files; its rows are every process's rows.
+Outputs in ``--out DIR``, rewritten atomically after every cell:
+``results.jsonl`` (one row per evaluated model; the dense reference of each
+seed first), ``outcomes/*.json``, ``stats.json``, ``results.md``,
+``figure.html`` (accuracy and loss against model size, with interval bands),
+``sweep.json`` (the settings). An interrupted sweep continues where it
+stopped: finished cells are skipped (a method's run is repeated, without
+re-evaluating its finished sizes). A folder holding a sweep with other
+settings is refused rather than mixed; more seeds, methods or targets may be
+added to a finished one.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import json
 import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bsi.config import CompressConfig, PipelineConfig, deep_update
-from bsi.errors import BSIError
-from bsi.pipeline.evaluate import Metrics
-from bsi.files import atomic_write_text, check_output_dir, json_object
-from bsi.pipeline.methods import METHODS, BaselineConfig, get_method
-from bsi.models import load_model_and_tokenizer
-from bsi.pipeline.distributed import from_environment
-from bsi.pipeline.runner import Pipeline, Report
-from bsi.method.surgery import compressible_parameters
-from bsi.reports import DoneReport, StageReport
-from bsi.analysis.figures import results_figure  # drawn in bsi.analysis.figures, re-exported here
-from bsi.analysis.speed import measure_speeds
+from torch import nn
 
-REFERENCE = "dense"
+from bsi.analysis.study import PUBLISHED, REFERENCE, folder_loader, study_markdown, study_stats
+from bsi.config import ENGINE_METHODS, PROTOCOLS, PipelineConfig, SweepConfig, deep_update
+from bsi.errors import BSIError
+from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, json_object
+from bsi.pipeline.evaluate import Evaluation, Metrics
+from bsi.pipeline.distributed import from_environment
+from bsi.pipeline.methods import BaselineConfig, get_method
+from bsi.pipeline.runner import Pipeline, Report
+from bsi.reports import SizeReport, StageReport
+
+OUTCOMES = "outcomes"
 
 
 @dataclass(frozen=True)
@@ -64,66 +73,75 @@ class CellReport:
     skipped: bool = False
 
 
-def cell_key(method: str, target: float) -> str:
-    return f"{method}@{target:g}"
+@dataclass(frozen=True)
+class LearningRateReport:
+    """A recovery learning rate was chosen: the validation loss after recovery at each rate of the grid."""
+
+    method: str
+    protocol: str
+    target: float
+    losses: dict  # lr -> validation answer-token loss
+    chosen: float
 
 
-def parse_targets(text: str) -> list[float]:
-    """``"0.8,0.6"`` -> [0.8, 0.6]; each in (0, 1], no duplicates."""
+def cell_key(protocol: str, method: str, target: float, seed: int) -> str:
+    """``tuned/bsi@0.4/s0``: a cell's name (the protocol is ``published`` for truncation methods)."""
+    return f"{protocol}/{method}@{target:g}/s{seed}"
+
+
+def protocol_label(method: str, protocol: str) -> str:
+    """The protocol a method's rows carry: the protocol for an engine method, ``published`` for a truncation."""
+    return protocol if method in ENGINE_METHODS else PUBLISHED
+
+
+def parse_list(text: str, kind: type, flag: str) -> list:
+    """``"0.8,0.6"`` -> [0.8, 0.6] for a comma-separated flag, with a one-line error naming ``flag``."""
     try:
-        values = [float(t) for t in text.split(",") if t.strip()]
+        values = [kind(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise BSIError(f"--targets must be comma-separated numbers in (0, 1], got '{text}'") from None
-    if not values or not all(0 < v <= 1 for v in values):
-        raise BSIError(f"--targets must be numbers in (0, 1], got '{text}'")
-    if len(set(values)) != len(values):
-        raise BSIError(f"--targets has duplicates: '{text}'")
+        raise BSIError(f"{flag} must be comma-separated {kind.__name__} values, got '{text}'") from None
+    if not values:
+        raise BSIError(f"{flag} needs at least one value, got '{text}'")
     return values
 
 
-def parse_methods(text: str) -> list[str]:
-    names = [m.strip() for m in text.split(",") if m.strip()]
-    if not names:
-        raise BSIError(f"--methods must name at least one of {', '.join(METHODS)}")
-    for name in names:
-        get_method(name)
-    if len(set(names)) != len(names):
-        raise BSIError(f"--methods has duplicates: '{text}'")
-    return names
-
-
 class Sweep:
-    """The grid of (method, target) cells over one model, task and schedule.
+    """The study grid over one model and task.
 
     Args:
-        config: the shared pipeline settings (its ``compress`` size mode is
-            replaced per cell by the cell's ``target_ratio``).
-        methods: registered method names.
-        targets: target ratios of the compressible layers' parameters.
-        out_dir: where the three outputs go (new, or a previous sweep to resume).
-        baseline: settings of the SVD-family methods.
-        speed_tokens, speed_repeats: generation-speed measurement (repeats 0: skip it).
+        config: the shared pipeline settings (per cell the sweep sets the seed,
+            the method's score, the sizes and, for the engine methods, the
+            protocol's settings).
+        settings: methods, targets, seeds, protocols, learning-rate grid (:class:`~bsi.config.SweepConfig`).
+        out_dir: where the outputs go (new, or a previous sweep to resume or extend).
+        overrides: the settings the user gave explicitly (the command's flags): they win over a
+            protocol's, as in ``bsi compress`` (preset, then protocol, then flags).
     """
 
-    def __init__(self, config: PipelineConfig, methods: Sequence[str], targets: Sequence[float],
-                 out_dir: str | Path, baseline: BaselineConfig | None = None, *, speed_tokens: int = 32,
-                 speed_repeats: int = 3, cache_dir: str | Path | None = None) -> None:
+    def __init__(self, config: PipelineConfig, settings: SweepConfig, out_dir: str | Path, *,
+                 overrides: dict[str, Any] | None = None, cache_dir: str | Path | None = None) -> None:
         self.config = config
-        self.methods = [get_method(m).name for m in methods]
-        self.targets = list(targets)
-        if not self.methods or not self.targets:
-            raise BSIError("a sweep needs at least one method and one target")
-        if not all(0 < t <= 1 for t in self.targets):
-            raise BSIError(f"targets must be in (0, 1], got {self.targets}")
-        if speed_repeats and speed_tokens < 2:
-            raise BSIError(f"speed_tokens must be >= 2, got {speed_tokens}")
+        self.overrides = overrides or {}
+        self.settings = settings
+        self.baseline = BaselineConfig.from_dict(settings.baseline)
+        for method in settings.methods:
+            get_method(method)
+        if settings.lr_grid and not config.validation_size:
+            raise BSIError("choosing the recovery learning rate (lr_grid) needs a validation set: give validation_size "
+                           "(--validation-size N), held out of the training data")
+        if config.eval_examples == 0 and not config.eval_loss_examples:
+            raise BSIError("a sweep compares evaluated models: eval_examples (or eval_loss_examples) must be > 0")
         self.out_dir = check_output_dir(out_dir)
-        self.baseline = baseline or BaselineConfig()
-        self.speed_tokens, self.speed_repeats = speed_tokens, speed_repeats
         self.cache_dir = cache_dir
-        self.dist = from_environment()  # several processes: see bsi.pipeline.distributed
+        self.dist = from_environment()  # several processes compute every cell together; rank 0 writes and times
         self.rows: list[dict] = self._read_rows()
         self._check_fingerprint()
+        self.lr_choices: dict[tuple[str, str, float], float] = {
+            (r["protocol"], r["method"], r["target"]): r["recover_lr"]
+            for r in self.rows if (r.get("lr_choice") or {}).get("chosen_here")}
+        self.dense: dict[int, Metrics] = {r["seed"]: Metrics(r["accuracy"], r["loss"], r["examples"], r.get("loss_examples"))
+                                          for r in self.rows if r["method"] == REFERENCE}
+        self.started = time.perf_counter()
 
     # ---------------------------------------------------------------- files
     @property
@@ -131,211 +149,237 @@ class Sweep:
         return self.out_dir / "results.jsonl"
 
     def fingerprint(self) -> str:
-        """Hash of everything except the grid: rows with another fingerprint belong to another sweep."""
-        baseline = {k: v for k, v in self.baseline.to_dict().items() if v is not None}  # unset: as before they existed
-        settings = {"config": self.config.to_dict() | {"compress": None}, "compress": self._shared_compress(),
-                    "baseline": baseline, "version": 1}
-        return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-
-    def _shared_compress(self) -> dict:
-        return {k: v for k, v in self.config.compress.to_dict().items()
-                if k not in ("score", "size_mode", "keep_ratio", "target_ratio")}
+        """Hash of everything but the grid (methods, targets, seeds, protocols may grow): other settings, other sweep."""
+        grid = ("methods", "targets", "extra_targets", "seeds", "protocols", "speed_repeats", "speed_tokens")
+        settings = {k: v for k, v in self.settings.to_dict().items() if k not in grid}
+        config = self.config.to_dict() | {"seed": None, "preset": None}
+        config["compress"] = {k: v for k, v in config["compress"].items()
+                              if k not in ("score", "target_ratio", "stops", "size_mode", "keep_ratio")}
+        blob = json.dumps({"config": config, "settings": settings, "version": 2}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def _read_rows(self) -> list[dict]:
         if not self.results_path.is_file():
             return []
         rows = []
         for number, line in enumerate(self.results_path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            rows.append(json_object(line, number, self.results_path))  # a bad line: fix or delete the file
+            if line.strip():
+                rows.append(json_object(line, number, self.results_path))  # a bad line: fix or delete the file
         return rows
 
     def _check_fingerprint(self) -> None:
         mine = self.fingerprint()
-        for row in self.rows:
-            if row.get("fingerprint") != mine:
-                raise BSIError(
-                    f"'{self.out_dir}' holds a sweep made with other settings (model, data, schedule or seed); "
-                    "use a new --out folder to run this one"
-                )
+        if any(row.get("fingerprint") != mine for row in self.rows):
+            raise BSIError(f"'{self.out_dir}' holds a sweep made with other settings (model, data, schedule, recovery "
+                           "or learning-rate grid); use a new --out folder to run this one")
 
-    def write(self) -> None:
-        """Rewrite results.jsonl, results.md and figure.html from the rows (each atomically; rank 0 only)."""
+    def write(self, *, summaries: bool = True) -> None:
+        """Rewrite the settings and results (and with ``summaries`` the statistics, table and figure), atomically.
+
+        Rank 0 only. The statistics take a few seconds (bootstrap intervals
+        for every cell), so they follow every method's run, the rows every cell.
+        """
+        from bsi.analysis.figures import study_figure
+
         if not self.dist.is_main:
             return
+        atomic_write_json(self.out_dir / "sweep.json", {"config": self.config.to_dict(),
+                                                        "settings": self.settings.to_dict(),
+                                                        "fingerprint": self.fingerprint()})
         atomic_write_text(self.results_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows))
-        atomic_write_text(self.out_dir / "results.md", results_table(self.rows, self.methods))
-        atomic_write_text(self.out_dir / "figure.html", results_figure(self.rows).to_html(include_plotlyjs=True,
-                                                                                           full_html=True))
+        if not summaries:
+            return
+        stats = self.stats()
+        atomic_write_json(self.out_dir / "stats.json", stats)
+        descriptions = {p: f"{PROTOCOLS[p]['description']}." for p in self.settings.protocols}
+        notes = {p: self.schedule_note(p) for p in self.settings.protocols}
+        atomic_write_text(self.out_dir / "results.md", study_markdown(stats, descriptions, notes))
+        atomic_write_text(self.out_dir / "figure.html",
+                          study_figure(stats).to_html(include_plotlyjs=True, full_html=True))
+
+    def stats(self) -> dict[str, Any]:
+        return study_stats(self.rows, folder_loader(self.out_dir), self.settings.protocols)
 
     # ----------------------------------------------------------------- grid
-    def cells(self) -> list[tuple[str, float]]:
-        """Target-major order (every method at the first target, then the next), so a
-        partial sweep still compares all methods at the targets it reached."""
-        return [(m, t) for t in self.targets for m in self.methods]
+    def runs(self) -> list[tuple[int, str, str]]:
+        """``(seed, method, protocol)`` of every run, seeds outermost (the first seed chooses learning rates)."""
+        out = []
+        for seed in self.settings.seeds:
+            for method in self.settings.methods:
+                protocols = self.settings.protocols if method in ENGINE_METHODS else (PUBLISHED,)
+                out += [(seed, method, p) for p in protocols]
+        return out
+
+    def cells(self) -> list[str]:
+        return [cell_key(p, m, t, s) for s, m, p in self.runs() for t in self.settings.targets_of(m)]
 
     def done(self) -> set[str]:
-        return {cell_key(r["method"], r["target"]) for r in self.rows}
+        return {cell_key(r["protocol"], r["method"], r["target"], r["seed"]) for r in self.rows}
 
-    def config_for(self, method: str, target: float) -> PipelineConfig:
-        comp: dict[str, Any] = {"target_ratio": target, "size_mode": "target"}
+    def config_for(self, seed: int, method: str, protocol: str) -> PipelineConfig:
+        """The pipeline settings of one run: the seed, all of the method's sizes, the protocol's settings."""
+        sizes = self.settings.targets_of(method)
+        data = self.config.to_dict() | {"seed": seed}
+        data["compress"] = data["compress"] | {"size_mode": "target", "target_ratio": sizes[-1], "stops": list(sizes[:-1])}
         score = getattr(get_method(method), "score", None)
-        cell: dict[str, Any] = {"compress": comp}
         if score is not None:
-            comp["score"] = score
-        else:  # a truncation baseline: its own recovery, where one is set
-            cell["recover"] = self.baseline.recover_overrides()
-        return PipelineConfig.from_dict(deep_update(self.config.to_dict(), cell))
+            data = deep_update(data, {"protocol": protocol, "compress": PROTOCOLS[protocol]["compress"] | {"score": score}})
+            data = deep_update(data, self.settings.protocol_settings.get(protocol, {}))
+            data = deep_update(data, {k: v for k, v in self.overrides.items() if k not in ("seed", "protocol")})
+        return PipelineConfig.from_dict(data)
 
-    def _row(self, method: str, target: float, summary: dict, speeds: dict) -> dict:
-        after = summary.get("metrics_after") or {}
-        row = {
-            "method": method, "target": target, "fingerprint": self.fingerprint(), "seed": self.config.seed,
-            "params_total": summary["params_after"], "params_before": summary["params_before"],
-            "compression_ratio": summary["params_before"] / summary["params_after"],
-            "compressible_ratio": summary["compressible_ratio"],
-            "accuracy": after.get("accuracy"), "loss": after.get("loss"), "examples": after.get("examples"),
-            "seconds": summary["seconds"],
-        }
-        if speeds:
-            dense, mine = speeds[REFERENCE], speeds["model"]
-            row.update(tokens_per_s=mine.tokens_per_s, ms_per_token=mine.ms_per_token,
-                       dense_tokens_per_s=dense.tokens_per_s, dense_ms_per_token=dense.ms_per_token,
-                       speedup=mine.tokens_per_s / dense.tokens_per_s)
-        return row
+    def schedule_note(self, protocol: str) -> str:
+        """One paragraph: what the engine methods of ``protocol`` and the shared recovery ran with."""
+        config = self.config_for(self.settings.seeds[0], "bsi", protocol)
+        c, r = config.compress, config.recover
+        lr = (f"lr chosen from {', '.join(f'{x:g}' for x in self.settings.lr_grid)} by validation loss "
+              f"({config.validation_size} training problems held out)" if self.settings.lr_grid else f"lr {r.lr:g}")
+        return (f"Engine methods: {c.bases} bases, {c.rounds} rounds of {c.round_length} iterations "
+                f"({c.profiling_iters} profiling) passing every size, {c.curvature} curvature, {c.selection_rule} "
+                f"selection, cut cap {c.max_cut_factor:g}, {c.aux_rank} auxiliary vectors. Every method: "
+                f"{r.steps} recovery steps training {r.train}, {lr}. Seeds "
+                f"{', '.join(map(str, self.settings.seeds))}; {config.eval_examples} test problems answered and "
+                f"{config.scored_examples} scored for the loss per seed.")
 
     # ------------------------------------------------------------------ run
-    def run(self) -> Iterator[Report | CellReport]:
-        """Run the missing cells; yields every pipeline report and a CellReport per cell."""
-        reference = next((r for r in self.rows if r["method"] == REFERENCE), None)
-        if reference is None:
-            reference = yield from self._reference()
-        finetuned = Metrics(reference["accuracy"], reference["loss"], reference["examples"]) \
-            if reference.get("accuracy") is not None else None
-        speed_model = None
-        if self.speed_repeats and self.dist.is_main:  # one process times decoding; the others would disturb it
-            speed_model, speed_tokenizer = self._plain_model()
+    def run(self) -> Iterator[Report | CellReport | LearningRateReport]:
+        """Run what is missing; yields every pipeline report, a LearningRateReport per choice, a CellReport per cell."""
         cells = self.cells()
-        for index, (method, target) in enumerate(cells, start=1):
-            if cell_key(method, target) in self.done():
-                row = next(r for r in self.rows if cell_key(r["method"], r["target"]) == cell_key(method, target))
-                yield CellReport(index, len(cells), row, skipped=True)
-                continue
-            pipeline = Pipeline(self.config_for(method, target), cache_dir=self.cache_dir, method=method,
-                                baseline=self.baseline, reference=finetuned)
-            summary = None
-            for report in pipeline.run():
-                if isinstance(report, DoneReport):
-                    summary = report.summary
-                yield report
-            assert summary is not None
-            speeds = {}
-            if speed_model is not None:
-                yield StageReport("speed", "start", cell_key(method, target))
-                speeds = measure_speeds({REFERENCE: speed_model, "model": pipeline.model}, speed_tokenizer,
-                                        new_tokens=self.speed_tokens, repeats=self.speed_repeats)
-                yield StageReport("speed", "end")
-            row = self.dist.from_main(self._row(method, target, summary, speeds))  # rank 0's timings everywhere
-            self.rows.append(row)
-            self.write()
-            yield CellReport(index, len(cells), row)
+        position = {key: i for i, key in enumerate(cells, start=1)}
+        for seed in self.settings.seeds:
+            if seed not in self.dense:
+                yield from self._reference(seed)
+        for seed, method, protocol in self.runs():
+            targets = self.settings.targets_of(method)
+            keys = {t: cell_key(protocol, method, t, seed) for t in targets}
+            missing = [t for t in targets if keys[t] not in self.done()]
+            for t in targets:
+                if t not in missing:
+                    row = next(r for r in self.rows if cell_key(r["protocol"], r["method"], r["target"], r["seed"]) == keys[t])
+                    yield CellReport(position[keys[t]], len(cells), row, skipped=True)
+            if missing:
+                yield from self._run(seed, method, protocol, missing, lambda t: position[keys[t]], len(cells))
+                self.write()
         self.dist.barrier()  # the files are complete when any process returns
 
-    def _reference(self) -> Iterator[Report]:
-        """Fine-tune (cached) and evaluate the dense model once: the grid's reference row."""
-        pipeline = Pipeline(self.config, cache_dir=self.cache_dir)
+    def _reference(self, seed: int) -> Iterator[Report]:
+        """Fine-tune (cached) and evaluate the dense model of one seed: its reference row and outcomes."""
+        pipeline = Pipeline(PipelineConfig.from_dict(self.config.to_dict() | {"seed": seed}), cache_dir=self.cache_dir)
         yield from pipeline.reference_stage()
-        metrics = pipeline.reference
-        now, dense = compressible_parameters(pipeline.model)
-        row = {
-            "method": REFERENCE, "target": 1.0, "fingerprint": self.fingerprint(), "seed": self.config.seed,
-            "params_total": pipeline.params_before, "params_before": pipeline.params_before, "compression_ratio": 1.0,
-            "compressible_ratio": now / dense, "accuracy": metrics.accuracy if metrics else None,
-            "loss": metrics.loss if metrics else None, "examples": metrics.examples if metrics else None,
-            "seconds": 0.0, "settings": {"config": self.config.to_dict(), "baseline": self.baseline.to_dict(),
-                                         "speed_tokens": self.speed_tokens, "speed_repeats": self.speed_repeats},
-        }
+        evaluation = pipeline.evaluations["finetuned"]
+        metrics = evaluation.metrics
+        self.dense[seed] = metrics
+        row = {"method": REFERENCE, "protocol": REFERENCE, "target": 1.0, "seed": seed, "fingerprint": self.fingerprint(),
+               "params_total": pipeline.params_before, "params_before": pipeline.params_before, "compression_ratio": 1.0,
+               "compressible_ratio": 1.0, **metrics.to_dict(), "outcomes": self._save_outcomes(REFERENCE, REFERENCE, 1.0, seed, evaluation),
+               "eval_seconds": 0.0}
         row = self.dist.from_main(row)
-        self.rows.insert(0, row)
+        self.rows.insert(sum(r["method"] == REFERENCE for r in self.rows), row)
         self.write()
-        return row
 
-    def _plain_model(self):
-        """The original dense model, the speed reference (weights do not change speed)."""
-        from bsi.models import resolve_device, resolve_dtype
+    def _run(self, seed: int, method: str, protocol: str, targets: Sequence[float], index, total: int
+             ) -> Iterator[Report | CellReport | LearningRateReport]:
+        """One method's run: compress through every size, then recover and evaluate each missing one."""
+        pipeline = Pipeline(self.config_for(seed, method, protocol), cache_dir=self.cache_dir, method=method,
+                            baseline=self.baseline, reference=self.dense[seed])
+        yield from pipeline.reference_stage()
+        label = f"{method} ({protocol})" if method in ENGINE_METHODS else method
+        yield StageReport("compress", "start", label)
+        start = time.perf_counter()
+        snapshots: dict[float, nn.Module] = {}
+        for report in pipeline.compress():
+            yield report
+            if isinstance(report, SizeReport) and report.target in targets:
+                snapshots[report.target] = copy.deepcopy(pipeline.model)
+        compress_seconds = time.perf_counter() - start
+        yield StageReport("compress", "end")
+        first_seed = seed == self.settings.seeds[0]
+        choose_here = [t for t in targets if first_seed and self.settings.lr_grid
+                       and self.settings.lr_target_for(t) == t]
+        for target in [*choose_here, *(t for t in targets if t not in choose_here)]:
+            start = time.perf_counter()
+            choice = yield from self._recover(pipeline, snapshots.pop(target), method, protocol, target,
+                                              choose=target in choose_here)
+            recover_seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            yield from pipeline.evaluate_stage("recovered")
+            row = self._row(pipeline, method, protocol, target, seed, choice,
+                            {"compress_seconds": compress_seconds, "recover_seconds": recover_seconds,
+                             "eval_seconds": time.perf_counter() - start})
+            row.update((yield from self._speed(pipeline, seed)))
+            row = self.dist.from_main(row)  # rank 0's timings everywhere
+            self.rows.append(row)
+            self.write(summaries=False)
+            yield CellReport(index(target), total, row)
 
-        device = resolve_device(self.config.device)
-        return load_model_and_tokenizer(self.config.model, dtype=resolve_dtype(self.config.dtype, device),
-                                        device=device, cache_dir=self.cache_dir)
+    def _recover(self, pipeline: Pipeline, model: nn.Module, method: str, protocol: str, target: float, *, choose: bool):
+        """Recover ``model`` into ``pipeline.model``; returns ``(lr, choice)`` where choice records a grid search."""
+        recover = self.config.recover
+        grid = self.settings.lr_grid
+        if not grid:
+            pipeline.model = model
+            yield from pipeline.recover_stage()
+            return recover.lr, None
+        if not choose:
+            lr = self.lr_choices.get((protocol, method, self.settings.lr_target_for(target)))
+            if lr is None:
+                raise BSIError(f"no learning rate was chosen for {method} near target {target:g} yet: the first seed "
+                               f"({self.settings.seeds[0]}) chooses them; run it first")
+            pipeline.model = model
+            yield from pipeline.recover_stage(dataclasses.replace(pipeline.config.recover, lr=lr))
+            return lr, {"chosen_at": self.settings.lr_target_for(target), "chosen_here": False}
+        losses, best = {}, None
+        for lr in grid:
+            pipeline.model = copy.deepcopy(model)
+            yield from pipeline.recover_stage(dataclasses.replace(pipeline.config.recover, lr=lr))
+            loss = pipeline.evaluate_on(pipeline.task.validation, answered=0).metrics.loss
+            losses[lr] = loss
+            if best is None or (math.isfinite(loss) and not loss >= best[0]):
+                best = (loss, lr, pipeline.model)
+        pipeline.model = best[2]
+        self.lr_choices[(protocol, method, target)] = best[1]
+        yield LearningRateReport(method, protocol, target, losses, best[1])
+        return best[1], {"chosen_at": target, "chosen_here": True, "validation_loss": {f"{k:g}": v for k, v in losses.items()},
+                         "validation_examples": len(pipeline.task.validation)}
 
+    def _save_outcomes(self, protocol: str, method: str, target: float, seed: int, evaluation: Evaluation) -> str:
+        """Write one model's per-problem outcomes (rank 0); returns the file's path relative to the sweep folder."""
+        name = f"{OUTCOMES}/{protocol}-{method}-{target:g}-s{seed}.json"
+        if self.dist.is_main:
+            (self.out_dir / OUTCOMES).mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.out_dir / name, evaluation.columns())
+        return name
 
-# ----------------------------------------------------------------- outputs
-def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return format(value * scale, spec)
+    def _row(self, pipeline: Pipeline, method: str, protocol: str, target: float, seed: int,
+             choice: tuple[float, dict | None], seconds: dict) -> dict:
+        from bsi.method.surgery import compressible_parameters, model_parameters
 
+        evaluation = pipeline.evaluations["recovered"]
+        params = model_parameters(pipeline.model)
+        now, dense = compressible_parameters(pipeline.model)
+        lr, lr_choice = choice
+        return {
+            "method": method, "protocol": protocol, "target": target, "seed": seed, "fingerprint": self.fingerprint(),
+            "params_total": params, "params_before": pipeline.params_before,
+            "compression_ratio": pipeline.params_before / params, "compressible_ratio": now / dense,
+            **evaluation.metrics.to_dict(), "recover_lr": lr, "lr_choice": lr_choice,
+            "outcomes": self._save_outcomes(protocol, method, target, seed, evaluation),
+            "notes": list(pipeline.notes), **seconds,
+        }
 
-def results_table(rows: Sequence[dict], methods: Sequence[str] | None = None) -> str:
-    """The markdown table of a sweep: reference first, then each method from large to small."""
-    order = {m: i for i, m in enumerate([REFERENCE, *(methods or METHODS)])}
-    ordered = sorted(rows, key=lambda r: (order.get(r["method"], len(order)), -r["target"]))
-    head = ["method", "target", "params (M)", "compression", "compressible kept", "accuracy", "loss",
-            "ms/token", "tokens/s", "speed vs dense", "time (s)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in ordered:
-        # one speed: decode latency; tokens/s and the ratio are derived from it (stated under the table)
-        ms, dense_ms = r.get("ms_per_token"), r.get("dense_ms_per_token")
-        per_s = 1000.0 / ms if ms else None
-        vs_dense = dense_ms / ms if ms and dense_ms else None
-        lines.append("| " + " | ".join([
-            r["method"], _fmt(r["target"], ".2f"), _fmt(r["params_total"], ".2f", 1e-6),
-            _fmt(r["compression_ratio"], ".2f") + "x", _fmt(r["compressible_ratio"], ".1%"),
-            _fmt(r.get("accuracy"), ".1%"), _fmt(r.get("loss"), ".4f"), _fmt(ms, ".2f"), _fmt(per_s, ".1f"),
-            _fmt(vs_dense, ".2f") + ("x" if vs_dense else ""), _fmt(r.get("seconds"), ".0f"),
-        ]) + " |")
-    ref = next((r for r in rows if r["method"] == REFERENCE), None)
-    notes = []
-    if ref is not None:
-        cfg = ref.get("settings", {}).get("config", {})
-        notes.append(f"Model `{cfg.get('model')}` on `{cfg.get('data')}`, preset `{cfg.get('preset')}`, "
-                     f"seed {ref.get('seed')}, {ref.get('examples')} test examples.")
-        if cfg.get("compress"):
-            notes.append(schedule_note(cfg, ref.get("settings", {}).get("baseline")))
-    notes.append("`target`: parameters of the compressible layers after / before; `compression`: whole model "
-                 "before / after. Speed is decode speed, measured side by side with the dense model (greedy, "
-                 "batch 1, median): `ms/token` is the time of one more token once the prompt is processed, "
-                 "`tokens/s` = 1000 / ms/token, `speed vs dense` = the dense model's ms/token / this model's.")
-    return "\n".join(notes) + "\n\n" + "\n".join(lines) + "\n"
+    def _speed(self, pipeline: Pipeline, seed: int):
+        """Decode speed of the recovered model against the dense one, measured side by side (when asked)."""
+        if not self.settings.speed_repeats or not self.dist.is_main:  # one process times; others would disturb it
+            return {}
+        from bsi.analysis.speed import measure_speeds
+        from bsi.models import load_model_and_tokenizer
 
-
-def schedule_note(config: dict, baseline: dict | None = None) -> str:
-    """One sentence on the engine methods' schedule and the recovery stage of a sweep's config and baseline dicts."""
-    comp = CompressConfig.from_dict(config["compress"])
-    recover = config["recover"]
-    if comp.curvature == "hutchinson":
-        eps = "the dtype's rule" if comp.eps is None else f"{comp.eps:g}"
-        curvature = (f"hutchinson curvature, {comp.probes_per_batch} probe(s) per batch ({comp.probe_scope} scope, "
-                     f"{comp.hessian_method}, eps {eps})")
-    else:
-        curvature = f"{comp.curvature} curvature"
-    distill = f", distillation weight {recover.get('distill', 0):g}" if recover.get("distill") else ""
-    selection = ("global selection for bsi and bsi-grad, mass for basel" if comp.selection == "auto"
-                 else f"{comp.selection} selection")
-    window = "every batch of a round" if comp.score_window == "round" else "the profiling batches"
-    return (f"Engine methods (basel, bsi-grad, bsi): {comp.bases} bases, {comp.rounds} rounds of {comp.round_length} "
-            f"iterations, the last {comp.profiling_iters} of each profiling ({curvature}; {selection}; bsi scores "
-            f"{window}, first-order terms kept beyond {comp.gradient_z:g} standard errors). "
-            f"Every method: {recover['steps']} recovery steps training {recover.get('train', 'sigma')}{distill}"
-            f"{baseline_recovery_note(baseline or {}, recover)}.")
-
-
-def baseline_recovery_note(baseline: dict, recover: dict) -> str:
-    """``"; the truncation baselines (svd, ...) instead: 64 steps at lr 0.0001"`` when theirs differs, else ``""``."""
-    steps, lr = baseline.get("recover_steps"), baseline.get("recover_lr")
-    if steps is None and lr is None:
-        return ""
-    names = ", ".join(name for name, method in METHODS.items() if getattr(method, "score", None) is None)
-    return (f"; the truncation baselines ({names}) instead: {recover['steps'] if steps is None else steps}"
-            f" steps at lr {recover['lr'] if lr is None else lr:g}")
+        yield StageReport("speed", "start")
+        dense, tokenizer = load_model_and_tokenizer(self.config.model, dtype=pipeline.dtype, device=pipeline.device,
+                                                    cache_dir=self.cache_dir)
+        speeds = measure_speeds({REFERENCE: dense, "model": pipeline.model}, tokenizer,
+                                new_tokens=self.settings.speed_tokens, repeats=self.settings.speed_repeats)
+        yield StageReport("speed", "end")
+        mine, base = speeds["model"], speeds[REFERENCE]
+        return {"ms_per_token": mine.ms_per_token, "dense_ms_per_token": base.ms_per_token,
+                "speedup": base.ms_per_token / mine.ms_per_token}

@@ -1,0 +1,108 @@
+"""Paired bootstrap intervals (bsi.analysis.stats) and the study's tables (bsi.analysis.study)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from bsi.analysis.stats import (
+    Outcomes,
+    paired_difference,
+    per_seed_differences,
+    pooled_value,
+    stratified_resamples,
+    value_interval,
+)
+from bsi.analysis.study import study_markdown, study_stats
+
+
+def outcomes(correct, losses, tokens=None):
+    tokens = tokens or [10] * len(losses)
+    return Outcomes(tuple(correct), tuple(l * t for l, t in zip(losses, tokens)), tuple(tokens))
+
+
+def noisy(n, accuracy, loss, seed):
+    rng = random.Random(seed)
+    return outcomes([rng.random() < accuracy for _ in range(n)], [max(0.0, rng.gauss(loss, loss / 2)) for _ in range(n)])
+
+
+def test_a_model_against_itself_differs_by_exactly_zero():
+    a = [noisy(200, 0.6, 1.0, s) for s in range(3)]
+    for stat in ("accuracy", "loss"):
+        diff = paired_difference(a, a, stat, resamples=500)
+        assert (diff.estimate, diff.low, diff.high) == (0.0, 0.0, 0.0) and not diff.excludes_zero
+
+
+def test_a_clearly_better_model_has_an_interval_that_excludes_zero():
+    worse = [noisy(300, 0.5, 1.0, s) for s in range(2)]
+    better = [outcomes([c or random.Random(i).random() < 0.6 for i, c in enumerate(w.correct)],
+                       [l / t * 0.7 for l, t in zip(w.loss_sum, w.tokens)]) for w in worse]
+    acc = paired_difference(better, worse, "accuracy")
+    loss = paired_difference(better, worse, "loss")
+    assert acc.estimate > 0 and acc.low > 0 and acc.excludes_zero
+    assert loss.estimate < 0 and loss.high < 0 and loss.excludes_zero
+    assert acc.samples == 600 and acc.low <= acc.estimate <= acc.high
+
+
+def test_a_small_difference_on_few_problems_is_within_noise():
+    a, b = noisy(40, 0.5, 1.0, 1), noisy(40, 0.5, 1.0, 2)  # two unrelated models of the same quality
+    diff = paired_difference([a], [b], "accuracy")
+    assert diff.low < 0 < diff.high
+
+
+def test_the_interval_covers_the_truth_about_95_percent_of_the_time():
+    """Two models that answer each problem right with probability 0.6 and 0.5: the difference is 0.1."""
+    covered = 0
+    for trial in range(60):
+        rng = random.Random(trial)
+        a = outcomes([rng.random() < 0.6 for _ in range(300)], [1.0] * 300)
+        b = outcomes([rng.random() < 0.5 for _ in range(300)], [1.0] * 300)
+        diff = paired_difference([a], [b], "accuracy", resamples=800, seed=trial)
+        covered += diff.low <= 0.1 <= diff.high
+    assert covered >= 52  # 95% nominal; binomial(60, 0.95) falls below 52 with probability < 1%
+
+
+def test_resamples_stay_within_their_seed_and_keep_its_size():
+    strata = torch.tensor([0] * 5 + [1] * 3)
+    picks = stratified_resamples(strata, 200, torch.Generator().manual_seed(0))
+    assert picks.shape == (200, 8)
+    assert torch.all(strata[picks] == strata)  # a seed's problems are drawn from that seed only
+    assert picks[:, :5].unique().numel() == 5 and picks[:, 5:].unique().numel() == 3
+
+
+def test_pooled_values_weight_tokens_and_skip_loss_only_problems():
+    run = Outcomes((True, False, None), (2.0, 4.0, 30.0), (1, 1, 10))
+    assert pooled_value([run], "accuracy") == 0.5
+    assert pooled_value([run], "loss") == pytest.approx(36.0 / 12)
+    band = value_interval([run, run], "accuracy", resamples=300)
+    assert band.estimate == 0.5 and 0 <= band.low <= 0.5 <= band.high <= 1 and band.samples == 4
+    assert per_seed_differences([run], [Outcomes((True, True, None), (1.0, 1.0, 3.0), (1, 1, 10))], "accuracy") == [-0.5]
+
+
+def test_pairing_needs_the_same_problems():
+    with pytest.raises(ValueError, match="same problems"):
+        paired_difference([noisy(10, 0.5, 1, 0)], [noisy(11, 0.5, 1, 0)], "accuracy")
+    with pytest.raises(ValueError, match="statistic"):
+        paired_difference([noisy(10, 0.5, 1, 0)], [noisy(10, 0.5, 1, 0)], "f1")
+
+
+def test_study_stats_and_table_mark_the_differences_that_exclude_zero():
+    runs = {("dense", 1.0, s): noisy(200, 0.8, 0.1, 10 + s) for s in (0, 1)}
+    for s in (0, 1):
+        runs[("bsi", 0.4, s)] = noisy(200, 0.7, 0.2, 20 + s)
+        strong = runs[("bsi", 0.4, s)]
+        runs[("svd", 0.4, s)] = outcomes([False] * 200, [l / t * 3 for l, t in zip(strong.loss_sum, strong.tokens)])
+    rows = [{"method": m, "target": t, "seed": s, "protocol": {"dense": "dense", "svd": "published"}.get(m, "tuned"),
+             "outcomes": f"{m}-{t}-{s}", "params_total": 100 if m == "dense" else 50,
+             "compression_ratio": 1.0 if m == "dense" else 2.0} for m, t, s in runs]
+    stats = study_stats(rows, lambda row: runs[(row["method"], row["target"], row["seed"])], ["tuned"], resamples=500)
+    svd = stats["protocols"]["tuned"]["methods"]["svd"]["0.4"]
+    assert svd["vs_anchor"]["accuracy"]["excludes_zero"] and svd["vs_anchor"]["accuracy"]["estimate"] > 0.6
+    assert svd["vs_anchor"]["loss"]["estimate"] < 0 and svd["vs_anchor"]["seeds"] == [0, 1]
+    assert "vs_anchor" not in stats["protocols"]["tuned"]["methods"]["bsi"]["0.4"]
+    text = study_markdown(stats)
+    line = next(row for row in text.splitlines() if row.startswith("| `svd` |") and "**" in row)
+    assert line.count("**") == 4  # both differences marked
+    assert "0.4 (2.00x)" in text and "Dense fine-tuned model (seeds 0, 1)" in text
