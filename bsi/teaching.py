@@ -9,8 +9,8 @@ here, as small functions with tests:
   ``BSI_NOTEBOOK_MODEL`` environment variable (unset: the embedded model with
   settings that run in a few minutes on a laptop CPU; ``tiny-random-llama``:
   seconds, for CI). The pipeline runs start from the library's presets.
-* tables: :func:`rank_table`, :func:`rank_history`, :func:`block_index` (:func:`bsi.method.names.layer_block`),
-  :func:`summary_row`;
+* tables: :func:`rank_table`, :func:`rank_history`, :func:`block_index` (:func:`bsi.method.names.layer_block`);
+  notebook 05's study grid is :meth:`NotebookSettings.study`;
 * one layer: :func:`truncation_errors` (the output error of keeping the first
   k bases, on inputs of a given second moment), :func:`profile_rows` (a
   curvature source's statistics, one row per batch) and
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bsi.config import PipelineConfig, deep_update, make_config
+from bsi.config import PipelineConfig, SweepConfig, deep_update, make_config
 from bsi.errors import BSIError
 from bsi.method.curvature import LossFn, evaluation_mode, profile_batch, shifted_sigma
 from bsi.method.layers import BasisLinear, LowRankLinear, stored_cost
@@ -76,7 +76,7 @@ class NotebookSettings:
     work: dict = field(default_factory=lambda: {"eval_examples": 16})
     sweep_preset: str = "sweep-cpu"  # notebook 05's runs (the same stage 1 as ``preset``, so its cache is shared)
     sweep_work: dict = field(default_factory=lambda: {"eval_examples": 16, "compress": {"calibration_batches": 8}})
-    sweep_targets: tuple[float, ...] = (0.6,)  # notebook 05: target sizes (bsi sweep runs the full grid)
+    sweep_targets: tuple[float, ...] = (0.6, 0.4)  # notebook 05: target sizes (bsi sweep runs the full grid)
     sweep_methods: tuple[str, ...] = ("svd", "svd-llm", "basel", "bsi")  # notebook 05: methods compared
     chat_prompts: tuple[str, ...] = (
         "Tom has 12 apples and buys 7 more. How many apples does he have now?",
@@ -92,12 +92,16 @@ class NotebookSettings:
         return make_config(self.sweep_preset,
                            deep_update({"model": self.model, **self.sweep_work}, dict(overrides or {})))
 
+    def study(self) -> SweepConfig:
+        """Notebook 05's grid: ``sweep_methods`` at ``sweep_targets``, one seed, the tuned protocol."""
+        return SweepConfig(methods=self.sweep_methods, targets=self.sweep_targets, seeds=(0,), protocols=("tuned",))
+
 
 TINY_SETTINGS = NotebookSettings(
     model=TINY_MODEL, quick=True, batch_size=4, max_length=96, test_size=8, calibration_batches=2,
     exact_positions=8, probes=16, profile_batches=2, profile_batch_size=4, spectrum_k=8, spectrum_layers=2,
     preset="smoke", work={"eval_examples": 4}, sweep_preset="smoke", sweep_work={"eval_examples": 4},
-    sweep_targets=(0.7,),
+    sweep_targets=(0.7, 0.5),
 )
 
 
@@ -159,23 +163,6 @@ def rank_history(rounds: Sequence[RoundReport], initial: Mapping[str, int] | Non
         for layer in report.layers:
             history.setdefault(layer.name, [layer.rank_before]).append(layer.rank_after)
     return history
-
-
-def summary_row(method: str, target: float, summary: Mapping[str, Any]) -> dict[str, Any]:
-    """One row of a comparison, in the schema of ``bsi sweep``'s ``results.jsonl``, from a pipeline summary.
-
-    ``bsi.pipeline.sweep.results_table`` and ``results_figure`` draw a list of such
-    rows; the dense reference row is ``summary_row("dense", 1.0, ...)`` with
-    equal sizes before and after.
-    """
-    metrics = summary.get("metrics_after") or {}
-    return {
-        "method": method, "target": target, "params_total": summary["params_after"],
-        "params_before": summary["params_before"],
-        "compression_ratio": summary["params_before"] / summary["params_after"],
-        "compressible_ratio": summary["compressible_ratio"], "accuracy": metrics.get("accuracy"),
-        "loss": metrics.get("loss"), "examples": metrics.get("examples"), "seconds": summary.get("seconds", 0.0),
-    }
 
 
 # ------------------------------------------------------------- one layer

@@ -359,19 +359,46 @@ def test_calculator_is_the_theory_modules_bound():
 
 
 # ------------------------------------------------------------------ compare
-def test_compare_loads_a_sweep_with_accuracy_and_loss_panels(tmp_path):
-    rows = [{"method": m, "target": t, "params_total": int(1e6 * t), "accuracy": a, "loss": 1.0 - a, "seconds": 3}
-            for m, pts in {"bsi": [(0.5, 0.4), (0.3, 0.3)], "svd": [(0.5, 0.35), (0.3, 0.1)]}.items() for t, a in pts]
-    rows.insert(0, {"method": "dense", "target": 1.0, "params_total": 1_234_567, "accuracy": 0.45, "loss": 0.5})
-    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+def _write_sweep(folder, outcomes=True):
+    """A sweep folder as bsi sweep writes it: rows, and each row's per-problem outcomes (20 problems, one seed)."""
+    rows = []
+    quality = {("dense", 1.0): 0.9, ("bsi", 0.5): 0.8, ("bsi", 0.3): 0.6, ("svd", 0.5): 0.5, ("svd", 0.3): 0.1}
+    for (method, target), share in quality.items():
+        correct = [i < round(20 * share) for i in range(20)]
+        row = {"method": method, "target": target, "seed": 0, "params_total": int(2e6 * target),
+               "compression_ratio": 1 / target, "accuracy": share, "loss": 2 - 2 * share,
+               "protocol": {"dense": "dense", "svd": "published"}.get(method, "tuned")}
+        if outcomes:
+            row["outcomes"] = f"outcomes/{method}-{target}.json"
+            (folder / "outcomes").mkdir(exist_ok=True)
+            (folder / row["outcomes"]).write_text(json.dumps(
+                {"correct": correct, "loss_sum": [10 * (2 - 2 * share)] * 20, "tokens": [10] * 20}))
+        rows.append(row)
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def test_compare_loads_a_sweep_with_intervals_and_differences_from_bsi(tmp_path):
+    _write_sweep(tmp_path)
     status, fig, table = compare.view(str(tmp_path))
-    assert "5 runs" in status
-    panels = {(t.name, t.xaxis) for t in fig.data}
-    assert panels == {("bsi", "x"), ("svd", "x"), ("bsi", "x2"), ("svd", "x2")}  # accuracy and loss per method
+    assert "5 evaluated models" in status and "95% bootstrap" in status
+    lines = {(t.name, t.xaxis) for t in fig.data if t.name}
+    assert lines == {("bsi", "x"), ("svd", "x"), ("bsi", "x2"), ("svd", "x2")}  # accuracy and loss per method
+    bands = [t for t in fig.data if t.fill == "toself"]
+    assert len(bands) == 4  # one interval band per line
     bsi_accuracy = next(t for t in fig.data if t.name == "bsi" and t.xaxis == "x")
-    assert list(bsi_accuracy.x) == pytest.approx([1.234567, 0.5, 0.3]) and bsi_accuracy.y[0] == pytest.approx(45.0)
-    assert fig.layout.yaxis.range == (0, pytest.approx(45 * 1.15 + 2)) and fig.layout.xaxis.autorange == "reversed"
-    assert table[0] == ["bsi", 0.5, 0.5, 40.0, 0.6] and ["dense", 1.0, 1.235, 45.0, 0.5] in table
+    assert list(bsi_accuracy.x) == pytest.approx([2.0, 1.0, 0.6]) and bsi_accuracy.y[0] == pytest.approx(90.0)
+    rows = {(r[1], r[2]): r for r in table}
+    assert rows[("bsi", 0.5)][4] == 80.0 and rows[("bsi", 0.5)][8] == ""  # bsi is the anchor
+    svd = rows[("svd", 0.3)]
+    assert svd[0] == "tuned" and svd[4] == 10.0 and svd[8].startswith("+50") and svd[8].endswith("*")
+    assert not (tmp_path / "stats.json").exists()  # computed from the outcomes, nothing written
+
+
+def test_compare_reads_an_older_sweep_without_intervals_and_names_bad_lines(tmp_path):
+    rows = _write_sweep(tmp_path, outcomes=False)
+    status, fig, table = compare.view(str(tmp_path))
+    assert "no per-problem outcomes" in status and len(table) == 5
     (tmp_path / "results.jsonl").write_text(json.dumps(rows[0]) + "\n" + '{"method": "x"}\n')
     with pytest.raises(BSIError, match="line 2: missing field"):
         compare.load_results(str(tmp_path))

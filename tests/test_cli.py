@@ -136,18 +136,15 @@ def test_a_reader_that_leaves_early_gets_no_traceback(args):
     assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err, err
 
 
-# ------------------------------------------------------------------ the sweep's speed columns
-def test_speed_columns_use_one_stated_definition():
-    from bsi.pipeline.sweep import results_table
+# ------------------------------------------------------------------ the study's speed table
+def test_speed_table_uses_one_stated_definition():
+    from bsi.analysis.stats import Outcomes
+    from bsi.analysis.study import study_markdown, study_stats
 
-    row = {"method": "bsi", "target": 0.5, "params_total": 1e6, "compression_ratio": 1.5, "compressible_ratio": 0.5,
-           "accuracy": 0.5, "loss": 1.0, "seconds": 3.0, "tokens_per_s": 59.0, "ms_per_token": 2.5,
-           "dense_tokens_per_s": 50.0, "dense_ms_per_token": 4.0, "speedup": 59.0 / 50.0}
-    table = results_table([row], ["bsi"])
-    cells = [c.strip() for c in next(line for line in table.splitlines() if line.startswith("| bsi")).split("|")]
-    head = [c.strip() for c in next(line for line in table.splitlines() if line.startswith("| method")).split("|")]
-    shown = dict(zip(head, cells))
-    ms, per_s, vs = (next(v for k, v in shown.items() if k.startswith(p)) for p in ("ms/token", "tokens/s", "speed"))
-    assert float(ms) == 2.5 and float(per_s) == pytest.approx(1000 / 2.5, abs=0.1)  # the same cell, one quantity
-    assert vs == "1.60x"  # dense 4.0 ms / 2.5 ms
-    assert "1000 / ms" in table or "1000/ms" in table  # the definition is stated under the table
+    row = {"method": "bsi", "protocol": "tuned", "target": 0.5, "seed": 0, "params_total": 1e6, "compression_ratio": 1.5,
+           "outcomes": "x", "ms_per_token": 2.5, "dense_ms_per_token": 4.0}
+    stats = study_stats([row], lambda r: Outcomes((True, False), (1.0, 2.0), (1, 1)), ["tuned"], resamples=100)
+    assert stats["protocols"]["tuned"]["methods"]["bsi"]["0.5"]["speedup"] == pytest.approx(1.6)
+    table = study_markdown(stats)
+    assert "| `bsi` | 2.50 ms (1.60x) |" in table  # dense 4.0 ms / 2.5 ms
+    assert "1000 / ms/token" in table  # the definition is stated above the table

@@ -61,9 +61,12 @@ def _check_curvature(o: dict) -> None:
 
 def _check_comparison(o: dict) -> None:
     rows = o["rows"]
-    assert rows[0]["method"] == "dense" and len({r["method"] for r in rows}) == len(rows) >= 3
-    for row in rows[1:]:  # every method compressed to the same size, and still computes a finite loss
+    assert rows[0]["method"] == "dense" and len({r["method"] for r in rows}) >= 4
+    assert len(rows) == 1 + 4 * 2  # the dense model, then four methods at two sizes from one run each
+    for row in rows[1:]:  # every method compressed to the asked size, and still computes a finite loss
         assert abs(row["compressible_ratio"] - row["target"]) < 0.02 and math.isfinite(row["loss"])
+    assert o["intervals"] and all(low <= mid <= high for low, mid, high in o["intervals"])
+    assert set(o["answers"].values()) == {3}  # every model's answers to the same three questions
 
 
 CHECKS = {"01": _check_reparameterization, "02": _check_scoring, "03": _check_rounds, "04": _check_curvature,

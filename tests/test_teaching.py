@@ -26,7 +26,6 @@ from bsi.teaching import (
     rank_history,
     rank_table,
     result_of,
-    summary_row,
     truncation_errors,
 )
 from tests.conftest import lm_loss, make_tiny_llama, token_batches
@@ -230,13 +229,3 @@ def test_doc_markdown_fences_literal_blocks():
         doc_markdown(undocumented)
 
 
-def test_summary_row_has_the_sweep_schema():
-    from bsi.pipeline.sweep import results_figure, results_table
-
-    summary = {"params_before": 200, "params_after": 100, "compressible_ratio": 0.5, "seconds": 3.0,
-               "metrics_after": {"accuracy": 0.25, "loss": 1.5, "examples": 4}}
-    row = summary_row("bsi", 0.5, summary)
-    assert row["compression_ratio"] == 2.0 and row["accuracy"] == 0.25 and row["params_total"] == 100
-    dense = summary_row("dense", 1.0, summary | {"params_after": 200, "compressible_ratio": 1.0})
-    assert "| bsi | 0.50 |" in results_table([dense, row], ["bsi"])
-    assert len(results_figure([dense, row]).data) == 2  # accuracy and loss lines of one method

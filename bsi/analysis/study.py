@@ -90,6 +90,10 @@ def study_stats(rows: Sequence[dict], load: OutcomeLoader, protocols: Sequence[s
                     "recover_lr": sorted({cells[s].get("recover_lr") for s in seeds} - {None}),
                     **{stat: value_interval(runs, stat, resamples=resamples).to_dict() for stat in ("accuracy", "loss")},
                 }
+                timed = [cells[s] for s in seeds if cells[s].get("ms_per_token")]
+                if timed:  # decode speed, measured side by side with the dense model (bsi.analysis.speed)
+                    entry["ms_per_token"] = sum(r["ms_per_token"] for r in timed) / len(timed)
+                    entry["speedup"] = sum(r["dense_ms_per_token"] / r["ms_per_token"] for r in timed) / len(timed)
                 ours = _by_seed(mine, anchor, target)
                 shared = [s for s in seeds if s in ours]
                 if method != anchor and shared:
@@ -170,4 +174,14 @@ def study_markdown(stats: Mapping[str, Any], descriptions: Mapping[str, str] | N
                                                    f"{_interval(diff['loss'], 1, 3, True)}")
             lines.append(f"| `{method}` | " + " | ".join(row) + " |")
         lines.append("")
+        if any("speedup" in e for cells in table.values() for e in cells.values()):
+            lines += ["Decode speed, measured side by side with the dense model (greedy, batch 1, median): "
+                      "ms/token is the time of one more token once the prompt is processed; the speed-up is the "
+                      "dense model's ms/token / this model's (tokens/s = 1000 / ms/token).", "",
+                      "| method | " + " | ".join(head) + " |", "|---|" + "---|" * len(targets)]
+            for method, cells in table.items():
+                row = [f"{e['ms_per_token']:.2f} ms ({e['speedup']:.2f}x)" if "speedup" in e else ""
+                       for e in (cells.get(f"{t:g}") or {} for t in targets)]
+                lines.append(f"| `{method}` | " + " | ".join(row) + " |")
+            lines.append("")
     return "\n".join(lines) + "\n"

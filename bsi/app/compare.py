@@ -1,27 +1,31 @@
-"""Compare tab: a sweep's results, accuracy and loss against size.
+"""Compare tab: a sweep's results, accuracy and loss against size, with intervals.
 
-A sweep writes ``DIR/results.jsonl``, one JSON object per finished run with
-at least ``method``, ``target``, ``params_total``, ``accuracy`` (in [0, 1])
-and ``loss``; other fields are kept and ignored. :func:`load_results` reads
-and checks it (a bad line is named); the figure is the sweep's own
-``figure.html`` (:func:`bsi.analysis.figures.results_figure`: an accuracy and
-a loss panel) and the table shows sizes in millions and numbers to four
-significant figures.
+A sweep folder (``bsi sweep --out DIR``) holds ``results.jsonl`` (one row per
+evaluated model), each model's per-problem outcomes and ``stats.json``, the
+intervals computed from them (:mod:`bsi.analysis.study`). The tab reads
+``stats.json`` (or computes it from the outcomes when it is missing), draws
+:func:`bsi.analysis.figures.study_figure` (accuracy and loss against size, one
+line per method, 95% bands) and tabulates every cell: the pooled accuracy and
+loss with their intervals and the paired difference from ``bsi``, starred when
+its interval excludes 0. A sweep written before outcomes were kept is drawn
+from its rows alone, without intervals (:func:`~bsi.analysis.figures.results_figure`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from bsi.analysis.study import folder_loader, study_stats
+from bsi.app.format import significant
 from bsi.errors import BSIError
 from bsi.files import json_object
 
-from bsi.app.format import significant
-
 REQUIRED = ("method", "target", "params_total", "accuracy", "loss")
-HEADERS = ["method", "target", "params (M)", "accuracy (%)", "loss"]
+HEADERS = ["protocol", "method", "target", "params (M)", "accuracy (%)", "95% interval", "loss", "95% interval",
+           "bsi − method, accuracy (points)", "bsi − method, loss"]
 
 
 def results_path(spec: str) -> Path:
@@ -55,40 +59,85 @@ def load_results(spec: str) -> list[dict]:
     return rows
 
 
-def table(rows: Sequence[dict]) -> list[list]:
-    """Rows sorted by method then size, as lists in :data:`HEADERS` order (four significant figures)."""
-    ordered = sorted(rows, key=lambda r: (str(r["method"]), -r["params_total"]))
+def load_stats(spec: str, rows: Sequence[dict]) -> dict | None:
+    """The sweep's intervals: its ``stats.json``, else computed from the outcomes; None for a sweep without outcomes."""
+    folder = results_path(spec).parent
+    saved = folder / "stats.json"
+    if saved.is_file():
+        try:
+            return json.loads(saved.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise BSIError(f"{saved} is not valid JSON ({err}); delete it to compute it again from the outcomes") from None
+    if not all(r.get("outcomes") for r in rows):
+        return None
+    protocols = sorted({r["protocol"] for r in rows} - {"dense", "published"}) or ["tuned"]
+    try:
+        return study_stats(rows, folder_loader(folder), protocols, resamples=2000)
+    except (OSError, KeyError, ValueError) as err:
+        raise BSIError(f"cannot read the outcomes of the sweep in {folder} ({err})") from None
+
+
+def _interval(entry: dict | None, scale: float, signed: bool = False) -> tuple[float | None, str]:
+    if not entry or not isinstance(entry.get("estimate"), (int, float)) or not math.isfinite(entry["estimate"]):
+        return None, ""
+    text = f"[{significant(scale * entry['low'])}, {significant(scale * entry['high'])}]"
+    return significant(scale * entry["estimate"]), text + (" *" if signed and entry.get("excludes_zero") else "")
+
+
+def table(stats: dict) -> list[list]:
+    """One row per protocol, method and target (HEADERS order), numbers to four significant figures."""
     out = []
-    for r in ordered:
-        loss = r["loss"] if isinstance(r["loss"], (int, float)) and math.isfinite(r["loss"]) else None
-        out.append([r["method"], r["target"], significant(r["params_total"] / 1e6), significant(100 * r["accuracy"]),
-                    significant(loss)])
+    for protocol, block in stats.get("protocols", {}).items():
+        for method, cells in block["methods"].items():
+            for target, e in sorted(cells.items(), key=lambda kv: -float(kv[0])):
+                acc, acc_ci = _interval(e["accuracy"], 100)
+                loss, loss_ci = _interval(e["loss"], 1)
+                diff = e.get("vs_anchor") or {}
+                d_acc, d_acc_ci = _interval(diff.get("accuracy"), 100, signed=True)
+                d_loss, d_loss_ci = _interval(diff.get("loss"), 1, signed=True)
+                out.append([protocol, method, float(target), significant(e["params_total"] / 1e6), acc, acc_ci, loss,
+                            loss_ci, "" if d_acc is None else f"{d_acc:+g} {d_acc_ci}",
+                            "" if d_loss is None else f"{d_loss:+g} {d_loss_ci}"])
     return out
+
+
+def plain_table(rows: Sequence[dict]) -> list[list]:
+    """Rows of a sweep without outcomes: point estimates only."""
+    ordered = sorted(rows, key=lambda r: (str(r.get("protocol", "")), str(r["method"]), -r["params_total"]))
+    return [[r.get("protocol", ""), r["method"], r["target"], significant(r["params_total"] / 1e6),
+             significant(100 * r["accuracy"]), "", significant(r["loss"] if math.isfinite(r["loss"]) else None), "", "", ""]
+            for r in ordered]
 
 
 def view(spec: str):
     """(status, figure, table) for a sweep folder."""
-    from bsi.analysis.figures import results_figure
+    from bsi.analysis.figures import results_figure, study_figure
 
     rows = load_results(spec)
+    stats = load_stats(spec, rows)
     methods = sorted({str(r["method"]) for r in rows})
-    return f"{len(rows)} runs, methods: {', '.join(methods)}", results_figure(rows), table(rows)
+    seeds = sorted({r.get("seed", 0) for r in rows})
+    status = f"{len(rows)} evaluated models, methods: {', '.join(methods)}; seeds {', '.join(map(str, seeds))}"
+    if stats is None:
+        return status + " (no per-problem outcomes in this sweep: no intervals)", results_figure(rows), plain_table(rows)
+    return (status + "; 95% bootstrap intervals over the test problems, * marks a difference whose interval "
+                     "excludes 0", study_figure(stats), table(stats))
 
 
 def render(default_dir: str = "runs/sweep"):
     """Lay out the Compare tab."""
     import gradio as gr
 
-    from bsi.analysis.figures import results_figure
+    from bsi.analysis.figures import study_figure
 
     with gr.Row():
         folder = gr.Textbox(value=default_dir, label="Sweep folder (holds results.jsonl, written by `bsi sweep`)",
                             scale=4)
         load = gr.Button("Load", variant="primary", scale=1)
     status = gr.Markdown()
-    figure = gr.Plot(results_figure([]), label="Accuracy and loss against size")
-    frame = gr.Dataframe(headers=HEADERS, value=[], interactive=False, label="Runs",
-                         datatype=["str", "number", "number", "number", "number"])
+    figure = gr.Plot(study_figure({"protocols": {}}), label="Accuracy and loss against size")
+    frame = gr.Dataframe(headers=HEADERS, value=[], interactive=False, label="Runs", wrap=True,
+                         datatype=["str", "str", "number", "number", "number", "str", "number", "str", "str", "str"])
 
     def on_load(spec):
         try:

@@ -93,9 +93,9 @@ class Evaluation:
                        loss_examples=None if scored == len(answered) else scored)
 
     def columns(self) -> dict[str, list]:
-        """The outcomes as three aligned columns, ``correct`` (None: not answered), ``loss_sum``, ``tokens``."""
+        """The outcomes as aligned columns: ``correct`` (None: not answered), ``loss_sum``, ``tokens``, ``prediction``."""
         return {"correct": [o.correct for o in self.outcomes], "loss_sum": [o.loss_sum for o in self.outcomes],
-                "tokens": [o.tokens for o in self.outcomes]}
+                "tokens": [o.tokens for o in self.outcomes], "prediction": [o.prediction for o in self.outcomes]}
 
 
 @contextmanager
