@@ -47,6 +47,7 @@ SCORE_WINDOWS = ("profiling", "round")
 RECOVER_TARGETS = ("factors", "sigma")
 DTYPES = ("float32", "bfloat16", "float16")
 PROTOCOL_NAMES = ("tuned", "paper")
+WITHIN_LAYER = ("score", "magnitude")
 
 T = TypeVar("T")
 
@@ -163,6 +164,9 @@ class CompressConfig(_JsonConfig):
                                     "are loss changes), mass (one keep fraction shared by every layer's mass "
                                     "rule) or auto (global for bsi and bsi-grad, mass for basel)",
                             choices=SELECTIONS)
+    within_layer: str = option("score", "once a round's budget is split across layers, which bases each layer loses: "
+                                        "score (its lowest score, the method's) or magnitude (its smallest |sigma|: the "
+                                        "score decides only how many)", choices=WITHIN_LAYER)
     max_cut_factor: float = option(2.0, "a round removes at most this multiple of its even share of any "
                                         "layer's bases (0: no limit, the paper's rule)")
     bases: str = option("whitened", "bases of the Basel form: whitened (SVD of W S, S S^T the covariance of "
@@ -206,6 +210,7 @@ class CompressConfig(_JsonConfig):
         _check_choice(self.score, "score", SCORES)
         _check_choice(self.size_mode, "size_mode", SIZE_MODES)
         _check_choice(self.selection, "selection", SELECTIONS)
+        _check_choice(self.within_layer, "within_layer", WITHIN_LAYER)
         _check(self.selection != "global" or self.score != "basel",
                "selection global compares importance across layers, which basel's |sigma| cannot do; use selection mass")
         _check_choice(self.bases, "bases", BASES)
@@ -526,6 +531,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         "compress": {"rounds": 4, "iters_per_epoch": 12, "sampling_ratio": 0.25},
         "recover": {"steps": 8, "lr": 2e-5, "warmup_steps": 1},
     },
+    # The comparison study (`bsi sweep --preset study`; SWEEP_PRESETS adds its grid): the sweep-cpu fine-tune,
+    # every method down to 2-5% of the linear layers along one pruning path per method and seed, the same
+    # recovery for every method (its learning rate chosen on held-out training problems), and test sets big
+    # enough for paired intervals. Two auxiliary vectors per layer: the paper's 8 on a 4096-wide model are
+    # 0.2% of a layer's rank, 8 here would be 1.4% and, at 2% of the linear layers, more than the whole budget.
+    "study": {
+        **_EMBEDDED_CPU,
+        "test_size": 400, "eval_examples": 200, "eval_loss_examples": 400, "eval_batch_size": 50,
+        "validation_size": 64,
+        "compress": {"rounds": 24, "iters_per_epoch": 72, "sampling_ratio": 0.34, "aux_rank": 2},
+        "recover": {"steps": 16, "lr": 1e-4, "warmup_steps": 2},
+    },
+    # The same on fewer sizes and one seed (about 45 minutes on 2 cores): `bsi sweep --preset study-quick`.
+    "study-quick": {
+        **_EMBEDDED_CPU,
+        "test_size": 500, "eval_examples": 300, "eval_loss_examples": 500, "eval_batch_size": 50,
+        "validation_size": 64,
+        "compress": {"rounds": 16, "iters_per_epoch": 48, "sampling_ratio": 0.34, "aux_rank": 2},
+        "recover": {"steps": 16, "lr": 1e-4, "warmup_steps": 2},
+    },
     # The paper's scale (GPU): long schedules, many profiling batches (with --protocol paper, the published method).
     "paper-scale": {
         "test_size": 1000,
@@ -622,6 +647,11 @@ class SweepConfig(_JsonConfig):
 #: What ``bsi sweep --preset NAME`` sets beyond the pipeline preset (fields of :class:`SweepConfig`).
 SWEEP_PRESETS: dict[str, dict[str, Any]] = {
     "sweep-cpu": {"targets": (0.6, 0.4, 0.25)},
+    "study": {"targets": (0.6, 0.4, 0.25, 0.15, 0.1, 0.05), "extra_targets": {"bsi": (0.02,), "basel": (0.02,)},
+              "seeds": (0, 1, 2), "protocols": ("tuned", "paper"), "lr_grid": (2e-5, 1e-4, 5e-4),
+              "lr_targets": (0.4, 0.1)},
+    "study-quick": {"targets": (0.4, 0.15, 0.05), "extra_targets": {"bsi": (0.02,), "basel": (0.02,)},
+                    "seeds": (0,), "protocols": ("tuned",), "lr_grid": (2e-5, 1e-4, 5e-4), "lr_targets": (0.15,)},
 }
 
 

@@ -358,6 +358,21 @@ def test_calculator_is_the_theory_modules_bound():
     assert spectra.calculator_text(n, 1.0, lam, trace, 0.1, 1.5).startswith("Error: delta")
 
 
+def test_inspect_measures_a_layers_candidates_in_the_model_of_that_round(finished):
+    session, _, _ = finished
+    report = session.rounds[-1]
+    layer = next(l for l in report.layers if l.pool.numel() >= 4)
+    views = list(inspect.measure(session, report.round, layer.name, count=4))
+    assert all("Measuring" in text and fig is None for text, fig in views[:-1]) and len(views) == 5
+    text, fig = views[-1]
+    assert "Spearman" in text and f"round {report.round}" in text
+    assert len(fig.data) == 4 and all(len(trace.x) == 4 for trace in fig.data)  # four rankings, four bases each
+    # the measured changes are real: removing nothing-like-noise bases moves the held-out loss
+    assert any(abs(y) > 0 for y in fig.data[0].y)
+    text, fig = list(inspect.measure(session, 99, layer.name))[-1]
+    assert fig is None and "choose a round" in text
+
+
 # ------------------------------------------------------------------ compare
 def _write_sweep(folder, outcomes=True):
     """A sweep folder as bsi sweep writes it: rows, and each row's per-problem outcomes (20 problems, one seed)."""

@@ -291,5 +291,29 @@ def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figu
     return fig
 
 
+def ranking_figure(points: dict) -> go.Figure:
+    """Predicted against measured loss change of removing single bases, one panel per ranking.
+
+    ``points[name] = (predicted, measured, spearman)``: the ranking's value of
+    each measured basis (low: removed first), the measured loss change, and
+    their rank correlation (in the panel's title).
+    """
+    if not points:
+        return empty_figure("Predicted against measured", "press Measure candidates")
+    names = list(points)
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[f"{n} (Spearman {points[n][2]:+.2f})" for n in names])
+    for col, name in enumerate(names, start=1):
+        predicted, measured, _ = points[name]
+        fig.add_trace(go.Scatter(x=predicted, y=measured, mode="markers", name=name, showlegend=False,
+                                 marker=dict(color=METHOD_COLORS[(col - 1) % len(METHOD_COLORS)]),
+                                 hovertemplate="predicted %{x:.4g}<br>measured %{y:.4g}<extra>" + name + "</extra>"),
+                      row=1, col=col)
+        fig.update_xaxes(title_text="predicted", row=1, col=col)
+    fig.update_yaxes(title_text="measured loss change", row=1, col=1)
+    fig.update_layout(title="Removing one basis at a time: what each ranking predicts against what happens",
+                      template="plotly_white", height=360, margin=dict(l=60, r=20, t=80, b=50))
+    return fig
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -107,6 +107,64 @@ def view(rounds: Sequence[RoundReport], round_index: int | None, name: str | Non
     return layer_summary(layer), figures.basis_figure(rows), table(rows), path
 
 
+MEASURED = 16
+"""Candidates of the chosen layer measured one by one (spread along the bsi ranking)."""
+
+
+def measure(session, round_index: int | None, name: str | None, count: int = MEASURED):
+    """Remove each of ``count`` candidates of the chosen layer alone, in that round's model; yields (status, figure).
+
+    The model is the run's at the end of the round, before its cut (the
+    session's :class:`~bsi.analysis.ranking.RoundSnapshots`); the loss is the
+    answer-token loss on held-out test problems. Every ranking's predicted
+    value (``bsi``'s importance, ``-sigma g``, ``|sigma|``, random) is set
+    against the measured change, with Spearman's correlation in the legend.
+    """
+    import torch
+
+    from bsi.analysis import figures
+    from bsi.analysis.ranking import rankings, single_removals, spearman, spread_sample
+    from bsi.method.surgery import basis_layers
+    from bsi.pipeline.evaluate import dataset_loss
+
+    layer = find_layer(session.rounds, round_index, name)
+    if layer is None:
+        yield "Run a compression (Compress tab), then choose a round and a layer.", None
+        return
+    if session.snapshots is None or round_index not in session.snapshots.rounds or not session.held_out:
+        yield ("This run kept no model of its rounds (a run from before this feature, a resumed run, or a model over "
+               "the size limit): run a compression in this tab, then measure."), None
+        return
+    if layer.pool.numel() == 0:
+        yield f"`{name}` had no candidates in round {round_index}: nothing to measure.", None
+        return
+    model = session.snapshots.model_at(int(round_index))
+    layers = basis_layers(model)
+    examples = session.held_out
+
+    def loss() -> float:
+        return dataset_loss(model, session.tokenizer, examples, batch_size=8)
+
+    values = rankings({"sigma": layer.sigma, "importance": layer.importance, "grad": layer.grad},
+                      torch.Generator().manual_seed(0))
+    order = layer.pool[torch.argsort(layer.importance[layer.pool], stable=True)]
+    chosen = spread_sample(order, count).tolist()
+    base = loss()
+    measured: list[float] = []
+    for done, (_, delta) in enumerate(single_removals(layers, name, chosen, loss, base), start=1):
+        measured.append(delta)
+        yield f"Measuring: {done} of {len(chosen)} candidates removed one at a time (held-out loss {base:.4g})…", None
+    truth = torch.tensor(measured)
+    points = {r: ([float(v[i]) for i in chosen], measured, spearman(v[chosen], truth)) for r, v in values.items()}
+    best = max(points, key=lambda r: points[r][2])
+    text = (f"`{name}`, round {round_index}: {len(chosen)} of {layer.pool.numel()} candidates removed one at a time on "
+            f"{len(examples)} held-out problems (loss {base:.4g} before). Spearman's correlation of predicted and "
+            f"measured loss change: " + ", ".join(f"{r} {c:+.2f}" for r, (_, _, c) in points.items()) +
+            f"; the closest ranking here is {best}. One round, one layer: a view, not a finding "
+            "(bench/ranking.py measures whole rounds).")
+    yield text, figures.ranking_figure(points)
+
+
 def render(session_state):
     """Lay out the Inspect tab; returns its (round, layer) dropdowns for the Compress job to fill."""
     import gradio as gr
@@ -133,4 +191,18 @@ def render(session_state):
 
     for dropdown in (round_choice, layer_choice):
         dropdown.change(on_choose, [session_state, round_choice, layer_choice], [summary, figure, frame, download])
+
+    gr.Markdown("**Is the ranking right?** Remove a few of this layer's candidates one at a time from the model of "
+                "that round (before its cut) and measure the loss change on held-out problems: each ranking's "
+                "prediction against the measurement.")
+    with gr.Row():
+        measure_button = gr.Button("Measure candidates", elem_id="inspect-measure")
+    measure_status = gr.Markdown(elem_id="inspect-measure-status")
+    measure_figure = gr.Plot(label="Predicted against measured")
+
+    def on_measure(session, round_index, name):
+        for text, fig in measure(session, round_index, name):
+            yield text, gr.skip() if fig is None else fig
+
+    measure_button.click(on_measure, [session_state, round_choice, layer_choice], [measure_status, measure_figure])
     return round_choice, layer_choice

@@ -199,7 +199,30 @@ def eps_used(report: RoundReport, pipeline: Pipeline) -> str:
     return f"eps used: **{number_text(report.eps)}**{rule}"
 
 
+SNAPSHOT_LIMIT = 500_000_000
+"""Models up to this many parameters keep every round's model for Inspect's measurements (one copy plus a
+little per round, :class:`bsi.analysis.ranking.RoundSnapshots`); larger ones skip it to spare memory."""
+
+MEASURE_PROBLEMS = 24
+"""Held-out test problems Inspect's measurements compute the loss on."""
+
+
+def _keep_rounds(pipeline: Pipeline, session: Session) -> None:
+    """Let the engine record each round's model before its cut, for Inspect (small models only)."""
+    from bsi.analysis.ranking import RoundSnapshots
+
+    snapshots = RoundSnapshots()
+
+    def capture(compressor, scores, pruned) -> None:
+        if model_parameters(compressor.model) <= SNAPSHOT_LIMIT:
+            snapshots.capture(compressor)
+            session.snapshots = snapshots
+
+    pipeline.before_cut = capture
+
+
 def _drive(pipeline: Pipeline, session: Session, config: PipelineConfig, min_interval: float) -> Iterator[JobView]:
+    _keep_rounds(pipeline, session)
     reports = pipeline.run()
     session.add_log(f"start: model {config.model}, data {config.data}, preset {config.preset}")
     yield snapshot(session, _status("Starting", session, config, "loading the model"))
@@ -227,6 +250,8 @@ def _drive(pipeline: Pipeline, session: Session, config: PipelineConfig, min_int
     if session.summary is None or session.closed:
         return
     tokenizer = pipeline.tokenizer
+    session.tokenizer = tokenizer
+    session.held_out = list(pipeline.task.test[:MEASURE_PROBLEMS]) if pipeline.task is not None else []
     session.compressed = LoadedModel(pipeline.model.eval(), tokenizer, "compressed", model_parameters(pipeline.model),
                                      source=config.model)
     if dense_copy is not None:

@@ -75,6 +75,11 @@ class Session:
     chats: dict = field(default_factory=dict)
     chatting: bool = False
     closed: bool = False
+    #: the last run's models of every round before its cut (bsi.analysis.ranking.RoundSnapshots), the held-out
+    #: problems and the tokenizer: what Inspect's "Measure candidates" needs
+    snapshots: Any = None
+    held_out: list = field(default_factory=list)
+    tokenizer: Any = None
 
     def reset_run(self) -> None:
         """Forget the previous run (reports and its models) before a new one starts."""
@@ -82,6 +87,7 @@ class Session:
         self.summary = None
         self.params_before = self.compressible_before = None
         self.compressed = self.original = None
+        self.snapshots, self.held_out, self.tokenizer = None, [], None
         self.chats = {}
         self.cancel_requested = False
         gc.collect()

@@ -25,7 +25,7 @@ the scores are :mod:`bsi.method.scores`, the curvature sources
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +51,7 @@ from bsi.method.schedule import (
     parameters_after,
     path_budgets,
     select_to_budget,
+    smallest_within,
     widen_pools,
 )
 from bsi.method.scores import candidate_pool, eps_rule, get_score, kept_positions
@@ -102,6 +103,33 @@ class _LayerStats:
     grad_squares: torch.Tensor | None  # (r,) sum of the batches' gradient variances; None once a batch lacked them
 
 
+@dataclass
+class RoundScores:
+    """A round's scores, before its cut (:meth:`Compressor.score_round`).
+
+    ``layers[name]`` holds ``sigma``, ``grad``, ``curvature``, ``terms``,
+    ``importance`` and ``pool`` (tensors on the model's device; ``grad`` and
+    ``curvature`` None when the score does not read them); ``budget`` is the
+    round's ``(parameters, measure)`` (None in size mode keep) and ``caps``
+    the most bases each layer may lose.
+    """
+
+    layers: dict[str, dict]
+    budget: tuple[int, str] | None
+    caps: dict[str, int] | None
+    significant: tuple[int, int]  # pool bases whose first-order term passed the test, pool bases tested
+
+    @property
+    def importance(self) -> dict[str, torch.Tensor]:
+        """(r,) float32 CPU importance of every layer."""
+        return {n: st["importance"].cpu() for n, st in self.layers.items()}
+
+    @property
+    def pools(self) -> dict[str, torch.Tensor]:
+        """(p,) int64 CPU candidate positions of every layer."""
+        return {n: st["pool"].cpu() for n, st in self.layers.items()}
+
+
 class Compressor:
     """Runs the pruning rounds on one model; iterate :meth:`run` to drive it.
 
@@ -130,6 +158,10 @@ class Compressor:
             under FSDP the pipeline passes one that shards each block as it goes.
         prune_layer: ``prune_layer(layer, positions)`` keeps only those bases
             (default :meth:`BasisLinear.keep`); under FSDP, one that re-shards them.
+        before_cut: called as ``before_cut(compressor, scores, pruned)`` at the end of
+            every round, after scoring and choosing and before anything is removed: the
+            model still has every basis, so a caller can measure other cuts of the same
+            size (:mod:`bsi.analysis.ranking`) or keep a copy. It must leave the model as it found it.
     """
 
     def __init__(
@@ -146,6 +178,7 @@ class Compressor:
         probe_seed: int | None = None,
         convert_layers: Callable[..., dict[str, BasisLinear]] = to_basis_form,
         prune_layer: Callable[[BasisLinear, torch.Tensor], None] = BasisLinear.keep,
+        before_cut: Callable[["Compressor", RoundScores, dict[str, torch.Tensor]], None] | None = None,
     ) -> None:
         self.model = model
         self.batches = batches
@@ -157,7 +190,7 @@ class Compressor:
         self.compute_dtype = compute_dtype
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed if probe_seed is None else probe_seed)
-        self.convert_layers, self.prune_layer = convert_layers, prune_layer
+        self.convert_layers, self.prune_layer, self.before_cut = convert_layers, prune_layer, before_cut
         self.notes: list[str] = []  # decisions the run's report should state (e.g. a switched curvature mode)
         self.iteration = 0  # pruning iterations done so far
         self.skipped = 0
@@ -431,8 +464,15 @@ class Compressor:
             loss = self.loss_fn(self.model, self._monitor).detach().float().reshape(1)
         return float(self.reduce(loss.to(self.device)) / self.reduce(torch.ones(1, device=self.device)))
 
-    def _close_round(self) -> RoundReport:
-        """Score, prune, shrink, and report the round."""
+    def score_round(self) -> RoundScores:
+        """Every layer's score for the round now ending, from the sums of its batches (no model change).
+
+        Per layer: sigma, the mean gradient and curvature over the round's
+        batches (when the score reads them), the score's terms and their sum,
+        the importance, and the candidate pool; plus the round's size budget
+        and per-layer caps, so that :meth:`select` (or a study of other cuts
+        of the same size, :mod:`bsi.analysis.ranking`) can choose bases.
+        """
         assert self._stats is not None
         cfg = self.config
         count = float(self.reduce(torch.tensor(float(self._profiled), device=self.device)))
@@ -456,18 +496,43 @@ class Compressor:
                 kept = terms["gradient"][s.pool] != 0
                 tested[0] += int(kept.sum())
                 tested[1] += s.pool.numel()
-        importance = {n: stats[n]["importance"].cpu() for n in self.names}
-        pools = {n: stats[n]["pool"].cpu() for n in self.names}
         ranks = {n: self.layers[n].rank for n in self.names}
         budget = self.round_budget(self.round_index)
         if budget is None:
             caps = cut_caps(ranks, 1 - cfg.keep_per_round, cfg.max_cut_factor)
-            pruned = mass_selection(importance, pools, cfg.keep_per_round, caps)
         else:
-            shapes = self.shapes()
-            now = parameters_after(shapes, {n: pools[n][:0] for n in self.names}, budget[1])
+            now = parameters_after(self.shapes(), {n: stats[n]["pool"][:0].cpu() for n in self.names}, budget[1])
             caps = cut_caps(ranks, even_share(now, budget[0]), cfg.max_cut_factor)
-            pruned = select_to_budget(shapes, importance, pools, budget[0], budget[1], cfg.selection_rule, caps)
+        return RoundScores(stats, budget, caps, (tested[0], tested[1]))
+
+    def select(self, scores: RoundScores, importance: Mapping[str, torch.Tensor] | None = None,
+               rule: str | None = None) -> dict[str, torch.Tensor]:
+        """The pool positions this round removes, per layer: under the round's budget and caps.
+
+        By default with the round's own importance and selection rule (and
+        ``within_layer``); ``importance`` and ``rule`` (``mass`` or
+        ``global``) choose another cut of the same size, e.g. by magnitude.
+        """
+        cfg = self.config
+        values = scores.importance if importance is None else {n: v.cpu() for n, v in importance.items()}
+        pools = scores.pools
+        if scores.budget is None:
+            pruned = mass_selection(values, pools, cfg.keep_per_round, scores.caps)
+        else:
+            pruned = select_to_budget(self.shapes(), values, pools, scores.budget[0], scores.budget[1],
+                                      rule or cfg.selection_rule, scores.caps)
+        if importance is None and rule is None and cfg.within_layer == "magnitude":
+            pruned = smallest_within(pruned, {n: scores.layers[n]["sigma"].abs().cpu() for n in self.names}, pools)
+        return pruned
+
+    def _close_round(self) -> RoundReport:
+        """Score, choose, (let ``before_cut`` look), prune, shrink, and report the round."""
+        cfg = self.config
+        scores = self.score_round()
+        pruned = self.select(scores)
+        if self.before_cut is not None:
+            self.before_cut(self, scores, pruned)
+        stats, pools, tested = scores.layers, scores.pools, scores.significant
         loss_before = self._monitor_loss()
         reports = []
         for n in self.names:

@@ -289,6 +289,24 @@ def widen_pools(rho: float, pool_at, shapes: Mapping[str, LayerShape], budget: i
     return lo
 
 
+def smallest_within(pruned: Mapping[str, torch.Tensor], magnitude: Mapping[str, torch.Tensor],
+                    pools: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Keep each layer's number of removals, but remove its pool's smallest ``magnitude`` instead.
+
+    A selection answers two questions at once: how many bases each layer
+    loses (the budget's split across layers) and which ones inside the layer.
+    This keeps the first answer of ``pruned`` and replaces the second by
+    magnitude (``within_layer="magnitude"``), so the two can be judged apart
+    (:mod:`bsi.analysis.ranking`).
+
+    Args:
+        pruned: per layer, the positions a selection removes (their count is kept).
+        magnitude: per layer, (r,) the values ranked inside it (e.g. ``|sigma|``).
+        pools: per layer, (p,) the candidate positions.
+    """
+    return {n: least_important(magnitude[n], pools[n], pruned[n].numel()) for n in pruned}
+
+
 def even_share(before: Sequence[int] | int, after: int) -> float:
     """The share ``1 - after / before`` a round must remove (0 when nothing is to go)."""
     before_total = sum(before) if not isinstance(before, int) else before

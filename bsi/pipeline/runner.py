@@ -176,6 +176,9 @@ class Pipeline:
         self._resume: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
         self._skipped = 0
         self.sharding: Any = None  # a bsi.pipeline.fsdp.Sharding while the Basel form is sharded (fsdp=True)
+        #: called before every cut of the engine's rounds (see Compressor's before_cut): a study of the
+        #: ranking (bench/ranking.py) or the dashboard's round snapshots hook in here
+        self.before_cut: Any = None
 
     @classmethod
     def resume(cls, out_dir: str | Path, cache_dir: str | Path | None = None) -> "Pipeline":
@@ -320,7 +323,8 @@ class Pipeline:
         compressor = Compressor(self.model, stream, cfg, answer_token_loss,
                                 train_loss_fn=self.train_loss(cfg.distill), compute_dtype=self.dtype,
                                 reduce=self.dist.reduce, seed=self.config.seed,
-                                probe_seed=self.config.seed + 7919 * self.dist.rank, **on_shards)
+                                probe_seed=self.config.seed + 7919 * self.dist.rank, before_cut=self.before_cut,
+                                **on_shards)
         if self._resume is not None:
             tensors, position = self._own_state(*self._resume)
             compressor.load_state_dict(tensors, self._resume[1]["compressor"])
