@@ -69,6 +69,7 @@ class NotebookSettings:
     probes: int = 16  # single-probe Hutchinson estimates drawn in notebook 02
     profile_batches: int = 2  # notebook 02: mini-batches averaged for E[g] and E[h]
     profile_batch_size: int = 2  # notebook 02: examples per mini-batch (gradients through the model: keep small)
+    ranking_singles: int = 8  # notebook 02, section 6: candidates removed one at a time per round
     eps_values: tuple[float, ...] = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 0.5)
     spectrum_k: int = 32  # notebook 04: size of each layer's exact Hessian block
     spectrum_layers: int = 3  # notebook 04: layers whose spectrum is computed
@@ -99,7 +100,7 @@ class NotebookSettings:
 
 TINY_SETTINGS = NotebookSettings(
     model=TINY_MODEL, quick=True, batch_size=4, max_length=96, test_size=8, calibration_batches=2,
-    exact_positions=8, probes=16, profile_batches=2, profile_batch_size=4, spectrum_k=8, spectrum_layers=2,
+    exact_positions=8, probes=16, profile_batches=2, profile_batch_size=4, ranking_singles=4, spectrum_k=8, spectrum_layers=2,
     preset="smoke", work={"eval_examples": 4}, sweep_preset="smoke", sweep_work={"eval_examples": 4},
     sweep_targets=(0.7, 0.5),
 )

@@ -27,7 +27,7 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 #: per notebook: (plotly figures at least, an ipywidgets view expected)
-KEY_OUTPUTS = {"01": (4, False), "02": (9, False), "03": (4, True), "04": (2, True), "05": (1, False)}
+KEY_OUTPUTS = {"01": (4, False), "02": (10, False), "03": (4, True), "04": (2, True), "05": (1, False)}
 
 
 def _check_reparameterization(o: dict) -> None:
@@ -43,6 +43,9 @@ def _check_scoring(o: dict) -> None:
     errors = o["probe_errors"]  # Hutchinson's error against the exact diagonal, by probes
     assert errors[max(errors, key=int)] < errors["1"] and o["relative_error"]["hutchinson"] < 0.5
     assert all(math.isfinite(e) for e in o["prediction_error"].values())
+    cuts = o["whole_cuts"]  # section 6: two rounds of a real run, every cut of the same size measured
+    assert len(cuts) == 2 and all({"before", "bsi", "magnitude", "bsi budgets, magnitude inside"} <= set(c) for c in cuts)
+    assert all(math.isfinite(v) for c in cuts for v in c.values())
 
 
 def _check_rounds(o: dict) -> None:

@@ -253,7 +253,9 @@ def generate_answers(model: nn.Module, tokenizer: PreTrainedTokenizerBase, quest
             chunk = order[start : start + batch_size]
             ids, mask = _left_pad([prompts[i] for i in chunk], pad)
             ids, mask = ids.to(device), mask.to(device)
-            output = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), use_cache=True)
+            last_only = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}  # not the whole prompt's
+            output = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), use_cache=True,
+                           **last_only)
             texts = greedy_decode(model, tokenizer, output.logits[:, -1].float(), output.past_key_values, mask,
                                   max_new_tokens=max_new_tokens, stop_at_answer_line=stop_at_answer_line)
             for i, text in zip(chunk, texts):

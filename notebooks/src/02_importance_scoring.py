@@ -32,7 +32,10 @@ from IPython.display import Markdown, display
 from plotly.subplots import make_subplots
 from transformers.utils import logging as hf_logging
 
+import bsi.analysis.ranking
 import bsi.method.curvature
+from bsi.analysis.figures import ranking_figure
+from bsi.analysis.ranking import measure_round
 from bsi.data import BatchStream, load_task
 from bsi.method.bases import whitened_bases
 from bsi.method.curvature import Fisher, GradientOnly, Hutchinson, curvature_source, exact_hessian
@@ -41,7 +44,9 @@ from bsi.method.scores import SCORES, Score, candidate_pool, eps_rule, pool_rho,
 from bsi.method.surgery import compressible_linear_names, sigma_max, to_basis_form
 from bsi.models import load_model_and_tokenizer
 from bsi.pipeline.baselines import input_statistics
+from bsi.pipeline.evaluate import dataset_loss
 from bsi.pipeline.losses import answer_token_loss
+from bsi.pipeline.runner import Pipeline
 from bsi.teaching import doc_markdown, loss_change_when_dropped, notebook_settings, profile_rows, result_of
 
 hf_logging.disable_progress_bar()  # no loading bars between the results
@@ -368,12 +373,58 @@ for i, m in zip(check, measured_change.tolist()):
 # (section 2): where a source overestimates it, the second-order correction moves
 # the prediction away from the measurement instead of towards it.
 
+# %% [markdown]
+# ## 6. The whole model, during a real run
+#
+# One layer on two mini-batches is a small sample. The library measures the
+# same thing on the whole model of a real run, at the end of each round, with
+# the loss on held-out problems, and also measures what a round really does:
+# remove its *whole* budget at once. From its docstring:
+
+# %%
+display(Markdown(bsi.analysis.ranking.__doc__))
+run_config = settings.pipeline_config({"eval_examples": 0, "validation_size": settings.test_size,
+                                       "recover": {"steps": 0}, "compress": {"score": "bsi", "rounds": 2}})
+run = Pipeline(run_config)
+measured_rounds = []
+
+
+def measure(compressor, round_scores, pruned):  # the engine's before_cut hook: the model still has every basis
+    def held_out() -> float:
+        return dataset_loss(compressor.model, run.tokenizer, run.task.validation, batch_size=8)
+
+    names = list(compressor.layers)
+    measured_rounds.append(measure_round(compressor.layers, round_scores, compressor.select, pruned, held_out,
+                                         probe_layers=[names[len(names) // 2]], singles=settings.ranking_singles,
+                                         shares=(0.5,)))
+
+
+run.before_cut = measure
+for _ in run.run():
+    pass
+cuts = pd.DataFrame([{"round": i + 1, "held-out loss before": r["loss"], **{k: v["loss"] for k, v in r["cuts"].items()}}
+                     for i, r in enumerate(measured_rounds)]).set_index("round")
+display(Markdown("Held-out loss after removing the round's whole budget, each way (no training in between):"))
+display(cuts)
+last = measured_rounds[-1]
+probed, entry = next(iter(last["layers"].items()))
+print(f"{probed}, last round: {len(entry['measured'])} of {entry['pool']} candidates removed one at a time")
+ranking_figure({r: (entry["predicted"][r], entry["measured"], entry["spearman"][r]) for r in entry["predicted"]}).show()
+
+# %% [markdown]
+# Read the table along a row: `bsi` is the cut the run makes; `magnitude` is
+# basel's; the two crossed rows keep one method's *how many per layer* and the
+# other's *which inside a layer*. With this notebook's short run the numbers
+# are one sample; `bench/ranking.py` measures every round of a longer run, and
+# docs/benchmarks.md reports what it found.
+
 # %%
 prediction_error = {s: float((scores[s][check] - measured_change).abs().mean()) for s in ("bsi", "bsi-grad")}
 outcome = {"relative_error": relative_error, "fisher_min": float(estimates["fisher"].min()),
            "probe_errors": dict(zip(sizes, measured)), "pruned": {s: len(p) for s, p in pruned.items()},
            "terms_add_up": bool(torch.allclose(terms["gradient"] + terms["curvature"], scores["bsi"])),
-           "prediction_error": prediction_error}
+           "prediction_error": prediction_error,
+           "whole_cuts": [{k: v["loss"] for k, v in r["cuts"].items()} | {"before": r["loss"]} for r in measured_rounds]}
 print(f"Result: on {name}, Hessian diagonal on {positions.numel()} bases within {relative_error['hutchinson']:.0%} "
       f"of exact with {settings.probes} Hutchinson probes per batch ({relative_error['fisher']:.0%} with the "
       f"Fisher); BSI and Basel disagree on {len(pruned['bsi'] ^ pruned['basel'])} of {pool.numel()} pool bases; "

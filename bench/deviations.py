@@ -1,0 +1,108 @@
+"""What each of bsi's deviations from the published methods changes, measured one at a time.
+
+    python bench/deviations.py --out runs/deviations          # about an hour on 2 cores
+    python bench/deviations.py --preset smoke --out /tmp/d    # seconds, on the tiny model
+
+The ``tuned`` protocol differs from the published BSI in several places
+(:data:`bsi.config.PROTOCOLS`). Each row here runs ``bsi`` at one size with
+the tuned settings except *one*, put back to the published choice, and
+compares it with the tuned run on the same test problems (paired bootstrap
+95% interval, :mod:`bsi.analysis.stats`). The truncation baselines' rows do
+the same for the shortcuts earlier versions of the sweep took (batch-mean
+Fisher for FWSVD, uniform ranks for ASVD, auxiliary vectors paid out of a
+truncation's rank) against the published method. One seed per row: the
+interval covers the test problems, not training noise. Writes
+``deviations.json`` and prints the table docs/method.md quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
+from bsi.analysis.stats import Outcomes, paired_difference  # noqa: E402
+from bsi.config import make_config  # noqa: E402
+from bsi.files import atomic_write_json  # noqa: E402
+from bsi.pipeline.methods import BaselineConfig  # noqa: E402
+from bsi.pipeline.runner import Pipeline  # noqa: E402
+from bsi.reports import DoneReport  # noqa: E402
+
+#: (label, method, compress overrides, baseline overrides, the row it is compared with)
+VARIANTS = [
+    ("bsi, tuned", "bsi", {}, {}, None),
+    ("bases: plain SVD (published) instead of whitened", "bsi", {"bases": "svd"}, {}, "bsi, tuned"),
+    ("selection: each layer's mass rule (published) instead of global", "bsi", {"selection": "mass"}, {}, "bsi, tuned"),
+    ("no per-round cut cap (published)", "bsi", {"max_cut_factor": 0.0}, {}, "bsi, tuned"),
+    ("curvature: Hutchinson, symmetric perturbations (published) instead of Fisher", "bsi",
+     {"curvature": "hutchinson", "probe_scope": "model", "eps_floor": 0.0}, {}, "bsi, tuned"),
+    ("scores over the profiling batches only (published) instead of the round", "bsi",
+     {"score_window": "profiling"}, {}, "bsi, tuned"),
+    ("first-order terms untested (published, z = 0)", "bsi", {"gradient_z": 0.0}, {}, "bsi, tuned"),
+    ("fwsvd, published (per-example Fisher)", "fwsvd", {}, {}, None),
+    ("fwsvd with the batch-mean Fisher", "fwsvd", {}, {"fisher": "batch"}, "fwsvd, published (per-example Fisher)"),
+    ("asvd, published (sensitivity ranks)", "asvd", {}, {}, None),
+    ("asvd with uniform ranks", "asvd", {}, {"allocation": "uniform"}, "asvd, published (sensitivity ranks)"),
+    ("svd-llm, published (no auxiliary vectors)", "svd-llm", {}, {}, None),
+    ("svd-llm paying 8 auxiliary vectors out of its rank", "svd-llm", {}, {"aux_rank": 8},
+     "svd-llm, published (no auxiliary vectors)"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="study-quick", help="pipeline preset (default: study-quick)")
+    p.add_argument("--target", type=float, default=0.4, help="target ratio (default: 0.4)")
+    p.add_argument("--rounds", type=int, default=6, help="pruning rounds of the bsi runs (default: 6)")
+    p.add_argument("--only", help="comma-separated labels' first words to run (default: every row)")
+    p.add_argument("--out", required=True, help="folder for deviations.json (finished rows are kept and skipped)")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = out / "deviations.json"
+    rows = json.loads(saved.read_text()) if saved.is_file() else {}
+    for label, method, compress, baseline, _ in VARIANTS:
+        if label in rows or (args.only and not any(label.startswith(w) for w in args.only.split(","))):
+            continue
+        config = make_config(args.preset, {"compress": {"target_ratio": args.target, "rounds": args.rounds, **compress}})
+        pipeline = Pipeline(config, method=method, baseline=BaselineConfig(**baseline))
+        start = time.perf_counter()
+        summary = next(r.summary for r in pipeline.run() if isinstance(r, DoneReport))
+        rows[label] = {"method": method, "compress": compress, "baseline": baseline,
+                       "metrics": summary["metrics_after"], "params_total": summary["params_after"],
+                       "seconds": time.perf_counter() - start, **pipeline.evaluations["recovered"].columns()}
+        atomic_write_json(saved, rows)
+        print(f"{label}: accuracy {summary['metrics_after']['accuracy']:.1%}, loss {summary['metrics_after']['loss']:.4f} "
+              f"({rows[label]['seconds']:.0f} s)", flush=True)
+    print(table(rows, args.target))
+    return 0
+
+
+def table(rows: dict, target: float) -> str:
+    """The markdown table: each row against the one it is compared with (paired bootstrap, 95%)."""
+    def outcomes(label: str) -> Outcomes:
+        return Outcomes.from_columns(rows[label])
+
+    lines = [f"At target {target:g}, one seed, paired 95% bootstrap intervals over the test problems; "
+             "**bold**: the interval excludes 0.", "",
+             "| variant | accuracy | loss | change in accuracy (points) | change in loss |", "|---|---|---|---|---|"]
+    for label, _, _, _, reference in VARIANTS:
+        if label not in rows:
+            continue
+        m = rows[label]["metrics"]
+        cells = ["", ""]
+        if reference in rows:
+            for i, stat in enumerate(("accuracy", "loss")):
+                d = paired_difference([outcomes(label)], [outcomes(reference)], stat)
+                scale, digits = (100, 1) if stat == "accuracy" else (1, 3)
+                text = f"{scale * d.estimate:+.{digits}f} [{scale * d.low:+.{digits}f}, {scale * d.high:+.{digits}f}]"
+                cells[i] = f"**{text}**" if d.excludes_zero else text
+        lines.append(f"| {label} | {100 * m['accuracy']:.1f}% | {m['loss']:.3f} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
