@@ -181,7 +181,7 @@ def validate_upload(path: str | None) -> int:
                        "(.txt)")
     file = Path(path)
     if file.suffix.lower() not in (".jsonl", ".txt"):
-        raise BSIError(f"data: '{file.name}' is not a .jsonl or .txt file")
+        raise BSIError(f"data: '{file.name}' is not a .jsonl file or a .txt text")
     size = file.stat().st_size
     if size > MAX_UPLOAD_BYTES:
         raise BSIError(f"data: '{file.name}' is {size / 2**20:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB")

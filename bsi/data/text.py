@@ -203,15 +203,20 @@ def looks_like_text(spec: str, text_field: str = DEFAULT_TEXT_FIELD, question_fi
         return False
     if path.suffix.lower() != ".jsonl":
         return True
+    record = _first_record(path)
+    return record is not None and text_field in record and question_field not in record
+
+
+def _first_record(path: Path) -> dict | None:
+    """The first JSON object of a JSONL file, or None when its first non-blank line is not one."""
     with path.open("rb") as handle:
         for raw in handle:
             if raw.strip():
                 try:
-                    record = json_object(raw.decode("utf-8"), 1, path)
+                    return json_object(raw.decode("utf-8"), 1, path)
                 except (BSIError, UnicodeDecodeError):
-                    return False
-                return text_field in record and question_field not in record
-    return False
+                    return None
+    return None
 
 
 def is_text_task(spec: str, kind: str = "auto", text_field: str = DEFAULT_TEXT_FIELD,
@@ -221,10 +226,23 @@ def is_text_task(spec: str, kind: str = "auto", text_field: str = DEFAULT_TEXT_F
     ``kind`` is :attr:`bsi.config.PipelineConfig.task`. Detection cannot tell
     a hub id's kind without loading it, so a hub text dataset needs
     ``kind="text"``.
+
+    Raises:
+        BSIError: in ``auto``, for a JSONL file whose first record has
+            neither field (neither kind can read it), naming both flags.
     """
     if kind not in ("auto", "qa", "text"):
         raise BSIError(f"task must be one of auto, qa, text, got '{kind}'")
-    return kind == "text" or (kind == "auto" and looks_like_text(spec, text_field, question_field))
+    if kind != "auto":
+        return kind == "text"
+    path = Path(spec).expanduser()
+    record = _first_record(path) if path.suffix.lower() == ".jsonl" and path.is_file() else None
+    if record is not None and text_field not in record and question_field not in record:
+        have = ", ".join(repr(k) for k in record) or "none"
+        raise BSIError(f"{path}, line 1: missing field '{question_field}' (a question/answer task), and no "
+                       f"'{text_field}' (a text task) either (fields present: {have}); name yours with "
+                       "--question-field/--answer-field, or with --text-field for a text")
+    return looks_like_text(spec, text_field, question_field)
 
 
 def _read_text_file(path: Path) -> str:
