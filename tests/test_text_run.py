@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bsi.analysis.study import folder_loader, study_stats
-from bsi.app import compare
+from bsi.app import compare, spectra
 from bsi.app.form import Form, build_config, upload_message, validate_upload
 from bsi.app.job import run_job
 from bsi.app.state import JobBoard, Session
@@ -244,6 +244,9 @@ def test_the_compress_tab_runs_a_text_task_and_shows_perplexity(tmp_path, monkey
     assert session.summary["perplexity"]["after"] == pytest.approx(session.evals[-1].perplexity)
     assert any("evaluate finetuned: perplexity" in line and "8 held-out windows" in line for line in session.log)
     assert not board.busy
+    names = spectra.layer_names(session, form)  # the Spectra tab measures on a batch of training windows
+    result = spectra.compute(session, form, names[-1], 4, 2)
+    assert result.layers[0].k == 4 and all(math.isfinite(v) for v in result.layers[0].eigenvalues)
     form = Form.for_preset("text")  # the text preset fills the form with its data and settings
     assert (form.data_source, form.window, form.eval_windows) == ("wikitext-2", 128, 256)
 
