@@ -656,7 +656,8 @@ class SweepConfig(_JsonConfig):
         _check(all(_number(x) and x > 0 for x in self.lr_grid), f"lr_grid must be positive numbers, got {self.lr_grid}")
         _check(all(t in self.targets for t in self.lr_targets),
                f"lr_targets must be among the targets {list(self.targets)}, got {list(self.lr_targets)}")
-        _check(isinstance(self.also_unrecovered, bool), f"also_unrecovered must be true or false, got {self.also_unrecovered}")
+        _check(isinstance(self.also_unrecovered, bool),
+               f"also_unrecovered must be true or false, got {self.also_unrecovered}")
         _check(_integer(self.speed_repeats) and self.speed_repeats >= 0, f"speed_repeats must be >= 0, got {self.speed_repeats}")
         _check(_integer(self.speed_tokens) and self.speed_tokens >= 2, f"speed_tokens must be >= 2, got {self.speed_tokens}")
 

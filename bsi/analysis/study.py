@@ -79,13 +79,13 @@ def _exp_interval(entry: Mapping[str, Any]) -> dict[str, Any]:
         return math.exp(x) if math.isfinite(x) else float("nan")
 
     out = {**entry, "estimate": exp(entry["estimate"]), "low": exp(entry["low"]), "high": exp(entry["high"])}
-    out["excludes_zero"] = entry.get("excludes_zero", False)  # a ratio's interval excludes 1 when the difference's excludes 0
+    out["excludes_zero"] = entry.get("excludes_zero", False)  # a ratio's interval excludes 1 where the loss's excludes 0
     return out
 
 
 def _method_table(rows: Sequence[dict], targets: Sequence[float], outcomes: OutcomeLoader, anchor: str, text: bool,
                   resamples: int) -> dict[str, dict[str, Any]]:
-    """Per method and target: pooled values with intervals, and the paired difference from ``anchor`` (same rows only)."""
+    """Per method and target: pooled values with intervals, and the paired difference from ``anchor`` in ``rows``."""
     methods = list(dict.fromkeys(r["method"] for r in rows))
     table: dict[str, dict[str, Any]] = {}
     for method in methods:
@@ -154,7 +154,8 @@ def study_stats(rows: Sequence[dict], load: OutcomeLoader, protocols: Sequence[s
                         **{stat: value_interval(runs, stat, resamples=resamples).to_dict() for stat in ("accuracy", "loss")}}
         if text:
             out["dense"]["perplexity"] = _exp_interval(out["dense"]["loss"])
-            out["perplexity_protocol"] = next((r["perplexity_protocol"] for r in dense if r.get("perplexity_protocol")), None)
+            out["perplexity_protocol"] = next((r["perplexity_protocol"] for r in dense if r.get("perplexity_protocol")),
+                                              None)
     for protocol in protocols:
         mine = [r for r in rows_of(rows, protocol) if r["method"] != REFERENCE]
         targets = sorted({r["target"] for r in mine}, reverse=True)

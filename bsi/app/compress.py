@@ -140,8 +140,10 @@ def _wire_form(inputs: dict[str, Any], upload_status, eps_parts: list) -> None:
     inputs["model_source"].change(on_model_source, inputs["model_source"],
                                   [inputs["model_name"], inputs["trust_remote_code"]])
     text = [inputs[attr] for attr in TEXT_INPUTS]
-    inputs["data_source"].change(lambda s: [gr.update(visible=s == "upload")] + [gr.update(visible=s != "embedded")] * len(text),
-                                 inputs["data_source"], [inputs["data_file"], *text])
+    def on_data_source(source):
+        return [gr.update(visible=source == "upload")] + [gr.update(visible=source != "embedded")] * len(text)
+
+    inputs["data_source"].change(on_data_source, inputs["data_source"], [inputs["data_file"], *text])
     inputs["data_file"].change(upload_message, inputs["data_file"], upload_status)
 
     def on_size_mode(mode):

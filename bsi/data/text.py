@@ -221,7 +221,7 @@ def _first_record(path: Path) -> dict | None:
 
 def is_text_task(spec: str, kind: str = "auto", text_field: str = DEFAULT_TEXT_FIELD,
                  question_field: str = "question") -> bool:
-    """Whether a run's data is a text task: ``kind`` ``"text"`` or ``"qa"`` says so; ``"auto"`` asks :func:`looks_like_text`.
+    """Whether a run's data is a text task: ``kind`` ``"text"``/``"qa"`` says so, ``"auto"`` asks :func:`looks_like_text`.
 
     ``kind`` is :attr:`bsi.config.PipelineConfig.task`. Detection cannot tell
     a hub id's kind without loading it, so a hub text dataset needs

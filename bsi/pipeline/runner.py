@@ -60,7 +60,8 @@ from bsi.models import cache_root, load_model_and_tokenizer, model_id, resolve_d
 from bsi.method.surgery import (basis_layers, compressible_linear_names, compressible_parameters, model_parameters,
                                 size_report, to_exported_form)
 from bsi.pipeline.methods import BaselineConfig, Method, engine_method, get_method
-from bsi.pipeline.perplexity import LOSS_MEANING, measure_perplexity, model_context, protocol_record, text_task_perplexity
+from bsi.pipeline.perplexity import (LOSS_MEANING, measure_perplexity, model_context, protocol_record,
+                                     text_task_perplexity)
 from bsi.reports import DoneReport, EvalReport, RoundReport, SizeReport, StageReport, StepReport
 from bsi.pipeline.training import finetune
 
@@ -299,7 +300,7 @@ class Pipeline:
 
     @property
     def evaluates(self) -> bool:
-        """Whether the run evaluates its models: ``eval_windows`` not 0 on a text task, else ``eval_examples`` or ``eval_loss_examples``."""
+        """Whether the run evaluates its models: ``eval_windows`` not 0 (text), ``eval_examples`` or ``eval_loss_examples``."""
         cfg = self.config
         return cfg.eval_windows != 0 if self.is_text else bool(cfg.eval_examples or cfg.eval_loss_examples)
 

@@ -157,9 +157,9 @@ class Sweep:
         self.lr_choices: dict[tuple[str, str, float], float] = {
             (r["protocol"], r["method"], r["target"]): r["recover_lr"]
             for r in self.rows if (r.get("lr_choice") or {}).get("chosen_here")}
-        self.dense: dict[int, Metrics] = {r["seed"]: Metrics(r["accuracy"], r["loss"], r["examples"], r.get("loss_examples"),
-                                                             r.get("perplexity"))
-                                          for r in self.rows if r["method"] == REFERENCE}
+        self.dense: dict[int, Metrics] = {
+            r["seed"]: Metrics(r["accuracy"], r["loss"], r["examples"], r.get("loss_examples"), r.get("perplexity"))
+            for r in self.rows if r["method"] == REFERENCE}
         self.started = time.perf_counter()
 
     # ---------------------------------------------------------------- files
