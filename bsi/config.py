@@ -565,7 +565,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "window": 128,
         "eval_windows": 256,
         "finetune": {"steps": 60, "lr": 1e-4, "warmup_steps": 5},
-        "compress": {"rounds": 4, "iters_per_epoch": 48, "sampling_ratio": 0.25},
+        "compress": {"iters_per_epoch": 48},  # 4 rounds of 12 iterations
         "recover": {"steps": 32},
     },
     # The paper's scale (GPU): long schedules, many profiling batches (with --protocol paper, the published method).
