@@ -82,7 +82,8 @@ class NotebookSettings:
     sweep_targets: tuple[float, ...] = (0.6, 0.4)  # notebook 05: target sizes (bsi sweep runs the full grid)
     sweep_methods: tuple[str, ...] = ("svd", "svd-llm", "basel", "bsi")  # notebook 05: methods compared
     text_preset: str = "text"  # notebook 06's run: WikiText-2 (the text preset's own fine-tune, cached)
-    text_work: dict = field(default_factory=lambda: {"eval_windows": 64, "compress": {"calibration_batches": 8}})
+    text_work: dict = field(default_factory=lambda: {"eval_windows": 64, "recover": {"steps": 16},
+                                                     "compress": {"calibration_batches": 8, "iters_per_epoch": 24}})
     chat_prompts: tuple[str, ...] = (
         "Tom has 12 apples and buys 7 more. How many apples does he have now?",
         "A book costs 8 dollars. How much do 3 books cost?",
