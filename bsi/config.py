@@ -45,6 +45,7 @@ HESSIAN_METHODS = ("fd", "hvp")
 CENTER_GRADIENTS = ("exact", "average")
 SCORE_WINDOWS = ("profiling", "round")
 RECOVER_TARGETS = ("factors", "sigma")
+TASK_KINDS = ("auto", "qa", "text")
 DTYPES = ("float32", "bfloat16", "float16")
 PROTOCOL_NAMES = ("tuned", "paper")
 WITHIN_LAYER = ("score", "magnitude")
@@ -355,11 +356,23 @@ class PipelineConfig(_JsonConfig):
 
     model: str = option("smollm2-135m-instruct", "model: smollm2-135m-instruct (embedded), tiny-random-llama, "
                                                  "a local folder or a hub id")
-    data: str = option("embedded-math", "task data: embedded-math, a local .jsonl file or a datasets hub name")
+    data: str = option("embedded-math", "task data: embedded-math, a local .jsonl file or a datasets hub name; "
+                                         "text (perplexity): wikitext-2 (packaged), a .txt file, a folder of .txt files, "
+                                         "a .jsonl file with a text field")
+    task: str = option("auto", "kind of task: qa (question/answer, accuracy) or text (every token trained, perplexity "
+                               "on a held-out part); auto: text for wikitext-2, .txt files, folders and .jsonl files "
+                               "whose records have text_field but no question_field, qa otherwise (a hub id: give "
+                               "text for a hub text dataset)", choices=TASK_KINDS)
+    text_field: str = option("text", "text task: JSON field (or hub column) holding the text")
+    window: int = option(512, "text task: tokens per window, for training and for perplexity (at most the model's "
+                              "context)")
+    held_out_fraction: float = option(0.1, "text task: share of the tokens held out for perplexity, the tail after a "
+                                           "seeded shuffle of the documents, when the text states no held-out part "
+                                           "(wikitext-2 always holds out test.txt)")
     question_field: str = option("question", "JSON field holding the question")
     answer_field: str = option("answer", "JSON field holding the worked answer (last line '#### <number>')")
-    train_size: int | None = option(None, "cap on training examples (default: all; 2000 generated for the "
-                                          "embedded task)")
+    train_size: int | None = option(None, "cap on training examples (text task: training windows) (default: all; "
+                                          "2000 generated for the embedded task)")
     test_size: int = option(100, "held-out test examples")
     batch_size: int = option(8, "examples per mini-batch")
     max_length: int = option(160, "longest tokenised example (prompt + answer)")
@@ -368,12 +381,18 @@ class PipelineConfig(_JsonConfig):
     recover: RecoverConfig = option(default_factory=RecoverConfig, help="stage 3")
     skip_finetune: bool = option(False, "start from the model as given (no stage 1)")
     distill_temperature: float = option(1.0, "softmax temperature of the distillation loss")
-    validation_size: int = option(0, "training examples set aside as a validation set, never trained on (bsi sweep "
-                                     "chooses each method's recovery learning rate by its loss there)")
+    validation_size: int = option(0, "training examples (text task: the last training windows) set aside as a "
+                                     "validation set, never trained on (bsi sweep chooses each method's recovery "
+                                     "learning rate by its loss there)")
     eval_examples: int = option(100, "test examples answered and scored for accuracy (0: skip evaluation)")
     eval_loss_examples: int | None = option(None, "test examples scored for the answer-token loss, the first "
                                                   "eval_examples of them also answered (default: eval_examples)")
-    eval_batch_size: int = option(16, "examples per evaluation batch")
+    eval_windows: int | None = option(None, "text task: held-out windows scored for perplexity, the first N of the "
+                                            "held-out stream, 0 to skip the evaluation (default: all of them)")
+    eval_stride: int | None = option(None, "text task: tokens between the starts of two evaluation windows; below the "
+                                           "window, each window scores only its last eval_stride tokens (default: "
+                                           "the window, non-overlapping windows)")
+    eval_batch_size: int = option(16, "examples (text task: windows) per evaluation batch")
     max_new_tokens: int = option(48, "longest generated answer")
     dtype: str = option("auto", "auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16",
                         choices=("auto",) + DTYPES)
@@ -416,6 +435,18 @@ class PipelineConfig(_JsonConfig):
         _check_choice(self.protocol, "protocol", PROTOCOL_NAMES)
         _check(self.train_size is None or (_integer(self.train_size) and self.train_size >= 1),
                f"train_size must be >= 1, got {self.train_size}")
+        _check_choice(self.task, "task", TASK_KINDS)
+        _check(self.task != "text" or self.data != "embedded-math",
+               "task text needs text data (embedded-math is a question/answer task): give --data wikitext-2 or a text")
+        _check(isinstance(self.text_field, str) and bool(self.text_field), "text_field must not be empty")
+        _check(_integer(self.window) and self.window >= 2,
+               f"window must be an integer >= 2 tokens (one of context, one to predict), got {self.window}")
+        _check(_number(self.held_out_fraction) and 0 < self.held_out_fraction <= 1,
+               f"held_out_fraction must be in (0, 1], got {self.held_out_fraction}")
+        _check(self.eval_windows is None or (_integer(self.eval_windows) and self.eval_windows >= 0),
+               f"eval_windows must be an integer >= 0 (0: no evaluation; leave it out for all), got {self.eval_windows}")
+        _check(self.eval_stride is None or (_integer(self.eval_stride) and 1 <= self.eval_stride <= self.window),
+               f"eval_stride must be a whole number of tokens in [1, window] = [1, {self.window}], got {self.eval_stride}")
 
     @property
     def scored_examples(self) -> int:
@@ -551,6 +582,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "compress": {"rounds": 16, "iters_per_epoch": 48, "sampling_ratio": 0.34, "aux_rank": 2},
         "recover": {"steps": 16, "lr": 1e-4, "warmup_steps": 2},
     },
+    # Language modelling on the embedded model (2 CPU cores, about 11 min with an uncached fine-tune; count in
+    # docs/cli.md): WikiText-2 (packaged, tokenized release), windows of 128 tokens, perplexity on the first 256
+    # windows of test.txt. `bsi sweep` adds every method at 0.8, 0.6 and 0.4, with and without recovery.
+    "text": {
+        "data": "wikitext-2",
+        "window": 128,
+        "eval_windows": 256,
+        "finetune": {"steps": 60, "lr": 1e-4, "warmup_steps": 5},
+        "compress": {"iters_per_epoch": 48},  # 4 rounds of 12 iterations
+        "recover": {"steps": 32},
+    },
     # The paper's scale (GPU): long schedules, many profiling batches (with --protocol paper, the published method).
     "paper-scale": {
         "test_size": 1000,
@@ -584,7 +626,14 @@ class SweepConfig(_JsonConfig):
     configuration; never the test problems): on the first seed, at each of
     ``lr_targets`` (every target when empty); every other target and seed
     uses the choice made at the nearest of them (in log size). Choices and
-    their validation losses are recorded in the results.
+    their validation losses are recorded in the results. On a text task the
+    validation set is the last ``validation_size`` windows of the training
+    part (never the held-out part) and its loss the mean next-token loss.
+
+    ``also_unrecovered`` adds, for every method and size, the model as the
+    method left it, before any recovery (rows with ``recover_steps`` 0): one
+    sweep then shows every method with no training after compression and
+    with the same recovery budget.
     """
 
     methods: tuple[str, ...] = option(METHOD_NAMES, "methods compared")
@@ -602,6 +651,9 @@ class SweepConfig(_JsonConfig):
                                                "(empty: every target)")
     baseline: dict = option(default_factory=dict, help="settings of the truncation baselines (BaselineConfig "
                                                        "fields; the defaults are the published methods)")
+    also_unrecovered: bool = option(False, "also evaluate every method's model of every size before recovery: extra "
+                                           "rows with recover_steps 0, in a table of their own (the truncation "
+                                           "baselines are usually published without training)")
     speed_repeats: int = option(0, "decode-speed timings per model against the dense one (0: none)")
     speed_tokens: int = option(32, "new tokens per speed timing")
 
@@ -629,6 +681,8 @@ class SweepConfig(_JsonConfig):
         _check(all(_number(x) and x > 0 for x in self.lr_grid), f"lr_grid must be positive numbers, got {self.lr_grid}")
         _check(all(t in self.targets for t in self.lr_targets),
                f"lr_targets must be among the targets {list(self.targets)}, got {list(self.lr_targets)}")
+        _check(isinstance(self.also_unrecovered, bool),
+               f"also_unrecovered must be true or false, got {self.also_unrecovered}")
         _check(_integer(self.speed_repeats) and self.speed_repeats >= 0, f"speed_repeats must be >= 0, got {self.speed_repeats}")
         _check(_integer(self.speed_tokens) and self.speed_tokens >= 2, f"speed_tokens must be >= 2, got {self.speed_tokens}")
 
@@ -652,6 +706,7 @@ SWEEP_PRESETS: dict[str, dict[str, Any]] = {
               "lr_targets": (0.4, 0.1)},
     "study-quick": {"targets": (0.4, 0.15, 0.05), "extra_targets": {"bsi": (0.02,), "basel": (0.02,)},
                     "seeds": (0,), "protocols": ("tuned",), "lr_grid": (2e-5, 1e-4, 5e-4), "lr_targets": (0.15,)},
+    "text": {"targets": (0.8, 0.6, 0.4), "also_unrecovered": True},  # every method (the default)
 }
 
 

@@ -167,8 +167,12 @@ class ProgressPrinter:
             )
         elif isinstance(report, EvalReport):
             self.close()
-            self._write(f"eval [{report.when}]: accuracy {100 * report.accuracy:.1f}%, loss {report.loss:.4f} "
-                        f"on {report.examples} examples ({report.seconds:.0f} s)")
+            if report.perplexity is not None:
+                self._write(f"eval [{report.when}]: perplexity {report.perplexity:.3f}, mean next-token loss "
+                            f"{report.loss:.4f} on {report.examples} held-out windows ({report.seconds:.0f} s)")
+            else:
+                self._write(f"eval [{report.when}]: accuracy {100 * report.accuracy:.1f}%, loss {report.loss:.4f} "
+                            f"on {report.examples} examples ({report.seconds:.0f} s)")
         elif isinstance(report, StageReport):
             if report.event == "end":
                 self.close()

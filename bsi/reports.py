@@ -137,11 +137,12 @@ class EvalReport(_Report):
     """Task metrics of the model at one point of the pipeline."""
 
     when: str  # "base", "finetuned", "compressed", "recovered"
-    accuracy: float  # exact-match accuracy of the extracted final answer, in [0, 1]
-    loss: float  # mean answer-token cross-entropy on the test split
-    examples: int
+    accuracy: float  # exact-match accuracy of the extracted final answer, in [0, 1] (NaN on a text task)
+    loss: float  # mean answer-token cross-entropy on the test split (text task: mean next-token NLL, held-out windows)
+    examples: int  # test problems answered (text task: held-out windows scored)
     params_total: int
     seconds: float
+    perplexity: float | None = None  # text task: exp(loss) on the held-out windows; None on a question/answer task
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ here, as small functions with tests:
 * :func:`notebook_settings`: which model and how much work, chosen by the
   ``BSI_NOTEBOOK_MODEL`` environment variable (unset: the embedded model with
   settings that run in a few minutes on a laptop CPU; ``tiny-random-llama``:
-  seconds, for CI). The pipeline runs start from the library's presets.
+  seconds, for CI). The pipeline runs start from the library's presets
+  (notebook 06's from the ``text`` preset, WikiText-2).
 * tables: :func:`rank_table`, :func:`rank_history`, :func:`block_index` (:func:`bsi.method.names.layer_block`);
   notebook 05's study grid is :meth:`NotebookSettings.study`;
 * one layer: :func:`truncation_errors` (the output error of keeping the first
@@ -51,10 +52,12 @@ class NotebookSettings:
     """How much work each notebook does; one instance per model size.
 
     Notebooks 01, 02 and 04 study single layers on a few batches (the sizes
-    below). Notebooks 03 and 05 run the pipeline from a preset of
-    :data:`bsi.config.PRESETS` (``preset``, ``sweep_preset``), with only the
-    amount of work cut (``work``, ``sweep_work``: fewer test questions and
-    calibration batches), never the method's settings. The embedded values
+    below). Notebooks 03, 05 and 06 run the pipeline from a preset of
+    :data:`bsi.config.PRESETS` (``preset``, ``sweep_preset``, ``text_preset``),
+    with only the amount of work cut (``work``, ``sweep_work``, ``text_work``:
+    fewer test questions, held-out windows and calibration batches), never the
+    method's settings (on the tiny model, notebook 06 runs the ``smoke``
+    preset on WikiText-2 in windows of 64 tokens). The embedded values
     are chosen so each notebook runs in a few minutes on two CPU cores; the
     tiny values so that all of them run in about a minute.
     """
@@ -79,6 +82,9 @@ class NotebookSettings:
     sweep_work: dict = field(default_factory=lambda: {"eval_examples": 16, "compress": {"calibration_batches": 8}})
     sweep_targets: tuple[float, ...] = (0.6, 0.4)  # notebook 05: target sizes (bsi sweep runs the full grid)
     sweep_methods: tuple[str, ...] = ("svd", "svd-llm", "basel", "bsi")  # notebook 05: methods compared
+    text_preset: str = "text"  # notebook 06's run: WikiText-2 (the text preset's own fine-tune, cached)
+    text_work: dict = field(default_factory=lambda: {"eval_windows": 64, "recover": {"steps": 16},
+                                                     "compress": {"calibration_batches": 8, "iters_per_epoch": 24}})
     chat_prompts: tuple[str, ...] = (
         "Tom has 12 apples and buys 7 more. How many apples does he have now?",
         "A book costs 8 dollars. How much do 3 books cost?",
@@ -93,6 +99,10 @@ class NotebookSettings:
         return make_config(self.sweep_preset,
                            deep_update({"model": self.model, **self.sweep_work}, dict(overrides or {})))
 
+    def text_config(self, overrides: Mapping[str, Any] | None = None) -> PipelineConfig:
+        """Notebook 06's run, a text task: ``text_preset`` with ``text_work`` (and ``overrides``) on top."""
+        return make_config(self.text_preset, deep_update({"model": self.model, **self.text_work}, dict(overrides or {})))
+
     def study(self) -> SweepConfig:
         """Notebook 05's grid: ``sweep_methods`` at ``sweep_targets``, one seed, the tuned protocol."""
         return SweepConfig(methods=self.sweep_methods, targets=self.sweep_targets, seeds=(0,), protocols=("tuned",))
@@ -102,7 +112,7 @@ TINY_SETTINGS = NotebookSettings(
     model=TINY_MODEL, quick=True, batch_size=4, max_length=96, test_size=8, calibration_batches=2,
     exact_positions=8, probes=16, profile_batches=2, profile_batch_size=4, ranking_singles=4, spectrum_k=8, spectrum_layers=2,
     preset="smoke", work={"eval_examples": 4}, sweep_preset="smoke", sweep_work={"eval_examples": 4},
-    sweep_targets=(0.7, 0.5),
+    sweep_targets=(0.7, 0.5), text_preset="smoke", text_work={"data": "wikitext-2", "window": 64, "eval_windows": 16},
 )
 
 

@@ -395,7 +395,7 @@ def _write_sweep(folder, outcomes=True):
 
 def test_compare_loads_a_sweep_with_intervals_and_differences_from_bsi(tmp_path):
     _write_sweep(tmp_path)
-    status, fig, table = compare.view(str(tmp_path))
+    status, fig, table, headers = compare.view(str(tmp_path))
     assert "5 evaluated models" in status and "95% bootstrap" in status
     lines = {(t.name, t.xaxis) for t in fig.data if t.name}
     assert lines == {("bsi", "x"), ("svd", "x"), ("bsi", "x2"), ("svd", "x2")}  # accuracy and loss per method
@@ -412,7 +412,7 @@ def test_compare_loads_a_sweep_with_intervals_and_differences_from_bsi(tmp_path)
 
 def test_compare_reads_an_older_sweep_without_intervals_and_names_bad_lines(tmp_path):
     rows = _write_sweep(tmp_path, outcomes=False)
-    status, fig, table = compare.view(str(tmp_path))
+    status, fig, table, headers = compare.view(str(tmp_path))
     assert "no per-problem outcomes" in status and len(table) == 5
     (tmp_path / "results.jsonl").write_text(json.dumps(rows[0]) + "\n" + '{"method": "x"}\n')
     with pytest.raises(BSIError, match="line 2: missing field"):

@@ -29,7 +29,7 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         (["--preset", "smoke"], "--out DIR is required"),
         (["--rounds", "many"], "--rounds must be a whole number, got 'many'"),
         (["--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N"),
-        (["--preset", "fast"], "--preset must be one of smoke, default, quality, sweep-cpu, paper, got 'fast'"),
+        (["--preset", "fast"], "--preset must be one of smoke, default, quality, sweep-cpu, text, paper-scale, got 'fast'"),
         (["--batchsize", "4"], "unrecognized arguments: --batchsize 4 (did you mean --batch-size?)"),
         (["--resume", "{tmp}/nothing"], "nothing to resume"),
     ],
@@ -57,7 +57,7 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         ([], "the following arguments are required: --model"),
     ],
     "presets": [
-        (["fast"], "PRESET must be one of smoke, default, quality, sweep-cpu, paper, got 'fast'"),
+        (["fast"], "PRESET must be one of smoke, default, quality, sweep-cpu, text, paper-scale, got 'fast'"),
         (["default", "quality"], "unrecognized arguments: quality"),
         (["--json"], "unrecognized arguments: --json"),
     ],

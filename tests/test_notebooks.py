@@ -27,7 +27,8 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 PLOTLY = "application/vnd.plotly.v1+json"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 #: per notebook: (plotly figures at least, an ipywidgets view expected)
-KEY_OUTPUTS = {"01": (4, False), "02": (10, False), "03": (4, True), "04": (2, True), "05": (1, False)}
+KEY_OUTPUTS = {"01": (4, False), "02": (10, False), "03": (4, True), "04": (2, True), "05": (1, False),
+               "06": (1, False)}
 
 
 def _check_reparameterization(o: dict) -> None:
@@ -72,8 +73,17 @@ def _check_comparison(o: dict) -> None:
     assert set(o["answers"].values()) == {3}  # every model's answers to the same three questions
 
 
+def _check_text(o: dict) -> None:
+    for perplexity, loss in zip(o["perplexity"], o["loss"]):  # the perplexity is exp of the mean next-token loss
+        assert math.isfinite(loss) and abs(perplexity - math.exp(loss)) < 1e-6 * perplexity
+    assert o["tokens_scored"] == o["windows"] * (o["window"] - 1)  # each window's first token is context only
+    assert o["params"][1] < o["params"][0] and abs(o["compressible_share"] - o["target"]) < 0.02
+    assert o["rounds"] >= 2 and o["recover_steps"] > 0
+    assert o["finetune"][1] < o["finetune"][0]  # stage 1 lowered the training loss
+
+
 CHECKS = {"01": _check_reparameterization, "02": _check_scoring, "03": _check_rounds, "04": _check_curvature,
-          "05": _check_comparison}
+          "05": _check_comparison, "06": _check_text}
 
 
 def _builder():

@@ -74,6 +74,18 @@ def test_pipeline_runs_cut_only_the_work_of_their_preset(env, which):
     assert extra.compress.target_ratio == 0.5
 
 
+def test_the_text_notebook_runs_the_text_preset_with_fewer_windows_or_the_smoke_preset_on_wikitext_2():
+    embedded = notebook_settings({}).text_config()
+    reference = make_config("text")
+    assert embedded.eval_windows < reference.eval_windows and embedded.finetune == reference.finetune  # one cache
+    less_work = dataclasses.replace(embedded.compress, calibration_batches=reference.compress.calibration_batches,
+                                    iters_per_epoch=reference.compress.iters_per_epoch)
+    assert dataclasses.replace(embedded, eval_windows=reference.eval_windows, compress=less_work,
+                               recover=dataclasses.replace(embedded.recover, steps=reference.recover.steps)) == reference
+    tiny = notebook_settings({NOTEBOOK_MODEL_ENV: TINY_MODEL}).text_config()
+    assert (tiny.model, tiny.preset, tiny.data, tiny.window) == (TINY_MODEL, "smoke", "wikitext-2", 64)
+
+
 def test_block_index_reads_the_transformer_block():
     assert block_index(LAYER) == 1 and block_index("transformer.h.11.attn.c_attn") == 11
     assert block_index("lm_head") is None

@@ -253,40 +253,56 @@ def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figu
     right, the loss on a log axis); each line starts at the dense model; a
     band is the method's pooled bootstrap interval over the test problems of
     every seed. The size axis is logarithmic and runs from large to small.
+    On a text task the left panel is the perplexity (log axis) and the right
+    one the mean next-token loss; models evaluated before recovery (the
+    sweep's ``also_unrecovered``) are dotted lines of the same colours.
     """
-    chosen = [p for p in (protocols or list(stats.get("protocols", {}))) if stats["protocols"].get(p, {}).get("methods")]
+    chosen = [p for p in (protocols or list(stats.get("protocols", {})))
+              if stats["protocols"].get(p, {}).get("methods") or stats["protocols"].get(p, {}).get("no_recovery")]
     if not chosen:
         return empty_figure("Accuracy and loss against model size", "no results yet: run or load a sweep")
-    titles = [f"{title} ({p} protocol)" for p in chosen for title in ("accuracy", "answer-token loss")]
+    text = stats.get("task") == "text"
+    first, first_scale = ("perplexity", 1.0) if text else ("accuracy", 100.0)
+    loss_title = "mean next-token loss" if text else "answer-token loss"
+    titles = [f"{title} ({p} protocol)" for p in chosen for title in (first, loss_title)]
     fig = make_subplots(rows=len(chosen), cols=2, subplot_titles=titles, vertical_spacing=0.12 / max(len(chosen), 1))
     dense = stats.get("dense")
     for r, protocol in enumerate(chosen, start=1):
-        for i, (method, cells) in enumerate(stats["protocols"][protocol]["methods"].items()):
-            color = METHOD_COLORS[i % len(METHOD_COLORS)]
-            points = sorted(cells.items(), key=lambda kv: -kv[1]["params_total"])
-            start = [("dense", dense)] if dense else []
-            for col, key, scale in ((1, "accuracy", 100.0), (2, "loss", 1.0)):
-                xs = [e["params_total"] / 1e6 for _, e in start + points]
-                mid = [e[key]["estimate"] * scale for _, e in start + points]
-                low = [e[key]["low"] * scale for _, e in start + points]
-                high = [e[key]["high"] * scale for _, e in start + points]
-                text = ["dense" if t == "dense" else f"{method} at {t}" for t, _ in start + points]
-                band = dict(x=xs + xs[::-1], y=high + low[::-1], fill="toself", line=dict(width=0), opacity=0.18,
-                            fillcolor=color, hoverinfo="skip", showlegend=False, legendgroup=method)
-                fig.add_trace(go.Scatter(**band), row=r, col=col)
-                fig.add_trace(go.Scatter(
-                    x=xs, y=mid, mode="lines+markers", name=method, legendgroup=method,
-                    showlegend=(r == 1 and col == 1), line=dict(color=color), text=text,
-                    customdata=list(zip(low, high)),
-                    hovertemplate="%{text}<br>%{x:.4g} M parameters<br>" + key +
-                                  " %{y:.4g} [%{customdata[0]:.4g}, %{customdata[1]:.4g}]<extra></extra>"),
-                    row=r, col=col)
-        fig.update_yaxes(title_text="accuracy (%)", rangemode="tozero", row=r, col=1)
+        block = stats["protocols"][protocol]
+        colors = {m: METHOD_COLORS[i % len(METHOD_COLORS)]
+                  for i, m in enumerate(dict.fromkeys([*block.get("methods", {}), *block.get("no_recovery", {})]))}
+        for group, dash, suffix in (("methods", "solid", ""), ("no_recovery", "dot", " (no recovery)")):
+            for method, cells in block.get(group, {}).items():
+                color, name = colors[method], method + suffix
+                points = sorted(cells.items(), key=lambda kv: -kv[1]["params_total"])
+                start = [("dense", dense)] if dense else []
+                for col, key, scale in ((1, first, first_scale), (2, "loss", 1.0)):
+                    xs = [e["params_total"] / 1e6 for _, e in start + points]
+                    mid = [e[key]["estimate"] * scale for _, e in start + points]
+                    low = [e[key]["low"] * scale for _, e in start + points]
+                    high = [e[key]["high"] * scale for _, e in start + points]
+                    text_of = ["dense" if t == "dense" else f"{name} at {t}" for t, _ in start + points]
+                    band = dict(x=xs + xs[::-1], y=high + low[::-1], fill="toself", line=dict(width=0), opacity=0.18,
+                                fillcolor=color, hoverinfo="skip", showlegend=False, legendgroup=name)
+                    fig.add_trace(go.Scatter(**band), row=r, col=col)
+                    fig.add_trace(go.Scatter(
+                        x=xs, y=mid, mode="lines+markers", name=name, legendgroup=name,
+                        showlegend=(r == 1 and col == 1), line=dict(color=color, dash=dash), text=text_of,
+                        customdata=list(zip(low, high)),
+                        hovertemplate="%{text}<br>%{x:.4g} M parameters<br>" + key +
+                                      " %{y:.4g} [%{customdata[0]:.4g}, %{customdata[1]:.4g}]<extra></extra>"),
+                        row=r, col=col)
+        if text:
+            fig.update_yaxes(title_text="perplexity", type="log", row=r, col=1)
+        else:
+            fig.update_yaxes(title_text="accuracy (%)", rangemode="tozero", row=r, col=1)
         fig.update_yaxes(title_text="loss", type="log", row=r, col=2)
         for col in (1, 2):
             fig.update_xaxes(title_text="whole model (M parameters, smaller to the right)", type="log",
                              autorange="reversed", row=r, col=col)
-    fig.update_layout(title="Accuracy and loss against model size, 95% bootstrap bands (problems of every seed)",
+    what = "Perplexity and mean next-token loss" if text else "Accuracy and loss"
+    unit = "held-out windows" if text else "problems"
+    fig.update_layout(title=f"{what} against model size, 95% bootstrap bands ({unit} of every seed)",
                       template="plotly_white", height=420 * len(chosen) + 80, legend=dict(orientation="h", y=-0.08))
     return fig
 

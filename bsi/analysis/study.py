@@ -12,6 +12,14 @@ protocol, target and method
   interval, pooled over the seeds both ran, and the difference of each seed
   alone (the training-noise view the interval does not cover).
 
+On a text task a "problem" is a held-out window (its outcome: its summed
+next-token NLL and scored tokens, nothing answered); the loss is the mean
+next-token NLL and the tables add the perplexity, ``exp`` of the loss, with
+``exp`` of the loss's interval (exact: ``exp`` is monotone), and the ratio
+of perplexities, ``exp`` of the loss difference. Rows evaluated before
+recovery (``recover_steps`` 0, ``bsi sweep``'s ``also_unrecovered``) make
+tables of their own, compared with ``bsi`` before recovery.
+
 :func:`study_stats` computes it (the sweep writes it as ``stats.json``),
 :func:`study_markdown` renders it (``results.md``), and
 :func:`bsi.analysis.figures.study_figure` draws it. Truncation methods are the
@@ -55,9 +63,81 @@ def _by_seed(rows: Sequence[dict], method: str, target: float) -> dict[int, dict
     return {r["seed"]: r for r in rows if r["method"] == method and math.isclose(r["target"], target)}
 
 
+def recovered(row: dict) -> bool:
+    """Whether a row's model was recovered (rows of ``also_unrecovered`` have ``recover_steps`` 0; older rows none)."""
+    return row.get("recover_steps") != 0
+
+
+def is_text_study(rows: Sequence[dict]) -> bool:
+    """Whether the rows are of a text task: their metrics carry a perplexity (the loss is the mean next-token NLL)."""
+    return any(r.get("perplexity") is not None for r in rows)
+
+
+def _exp_interval(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """An interval on a loss (difference) mapped through ``exp``: a perplexity (ratio), exactly, exp being monotone."""
+    def exp(x: float) -> float:
+        return math.exp(x) if math.isfinite(x) else float("nan")
+
+    out = {**entry, "estimate": exp(entry["estimate"]), "low": exp(entry["low"]), "high": exp(entry["high"])}
+    out["excludes_zero"] = entry.get("excludes_zero", False)  # a ratio's interval excludes 1 where the loss's excludes 0
+    return out
+
+
+def _method_table(rows: Sequence[dict], targets: Sequence[float], outcomes: OutcomeLoader, anchor: str, text: bool,
+                  resamples: int) -> dict[str, dict[str, Any]]:
+    """Per method and target: pooled values with intervals, and the paired difference from ``anchor`` in ``rows``."""
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    table: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        for target in targets:
+            cells = _by_seed(rows, method, target)
+            if not cells:
+                continue
+            seeds = sorted(cells)
+            runs = [outcomes(cells[s]) for s in seeds]
+            entry: dict[str, Any] = {
+                "seeds": seeds,
+                "params_total": sum(cells[s]["params_total"] for s in seeds) / len(seeds),
+                "compression_ratio": sum(cells[s]["compression_ratio"] for s in seeds) / len(seeds),
+                "recover_lr": sorted({cells[s].get("recover_lr") for s in seeds} - {None}),
+                "recover_steps": cells[seeds[0]].get("recover_steps"),
+                **{stat: value_interval(runs, stat, resamples=resamples).to_dict() for stat in ("accuracy", "loss")},
+            }
+            if text:
+                entry["perplexity"] = _exp_interval(entry["loss"])
+            timed = [cells[s] for s in seeds if cells[s].get("ms_per_token")]
+            if timed:  # decode speed, measured side by side with the dense model (bsi.analysis.speed)
+                entry["ms_per_token"] = sum(r["ms_per_token"] for r in timed) / len(timed)
+                entry["speedup"] = sum(r["dense_ms_per_token"] / r["ms_per_token"] for r in timed) / len(timed)
+            ours = _by_seed(rows, anchor, target)
+            shared = [s for s in seeds if s in ours]
+            if method != anchor and shared:
+                a = [outcomes(ours[s]) for s in shared]
+                b = [outcomes(cells[s]) for s in shared]
+                entry["vs_anchor"] = {
+                    "seeds": shared,
+                    **{stat: paired_difference(a, b, stat, resamples=resamples).to_dict()
+                       for stat in ("accuracy", "loss")},
+                    "per_seed": {stat: per_seed_differences(a, b, stat) for stat in ("accuracy", "loss")},
+                }
+                if text:  # exp(loss_anchor - loss_method) = perplexity_anchor / perplexity_method
+                    entry["vs_anchor"]["perplexity_ratio"] = _exp_interval(entry["vs_anchor"]["loss"])
+            table.setdefault(method, {})[f"{target:g}"] = entry
+    return table
+
+
 def study_stats(rows: Sequence[dict], load: OutcomeLoader, protocols: Sequence[str], *,
                 anchor: str = ANCHOR, resamples: int = 4000) -> dict[str, Any]:
-    """Intervals for every (protocol, method, target) and differences from ``anchor``; plain JSON values."""
+    """Intervals for every (protocol, method, target) and differences from ``anchor``; plain JSON values.
+
+    Per protocol, ``methods`` holds the recovered models and ``no_recovery``
+    the models as their method left them (rows with ``recover_steps`` 0),
+    each compared with ``anchor``'s model of the same kind. On a text task
+    (``task`` ``"text"``) every entry also has ``perplexity`` (``exp`` of the
+    loss interval) and every difference a ``perplexity_ratio`` (anchor /
+    method, ``exp`` of the loss difference's interval), and
+    ``perplexity_protocol`` is the dense row's protocol record.
+    """
     cache: dict[str, Outcomes] = {}
 
     def outcomes(row: dict) -> Outcomes:
@@ -65,48 +145,26 @@ def study_stats(rows: Sequence[dict], load: OutcomeLoader, protocols: Sequence[s
             cache[row["outcomes"]] = load(row)
         return cache[row["outcomes"]]
 
-    out: dict[str, Any] = {"anchor": anchor, "protocols": {}}
+    text = is_text_study(rows)
+    out: dict[str, Any] = {"anchor": anchor, "task": "text" if text else "qa", "protocols": {}}
     dense = [r for r in rows if r["method"] == REFERENCE and r.get("outcomes")]
     if dense:
         runs = [outcomes(r) for r in sorted(dense, key=lambda r: r["seed"])]
         out["dense"] = {"seeds": sorted(r["seed"] for r in dense), "params_total": dense[0]["params_total"],
                         **{stat: value_interval(runs, stat, resamples=resamples).to_dict() for stat in ("accuracy", "loss")}}
+        if text:
+            out["dense"]["perplexity"] = _exp_interval(out["dense"]["loss"])
+            out["perplexity_protocol"] = next((r["perplexity_protocol"] for r in dense if r.get("perplexity_protocol")),
+                                              None)
     for protocol in protocols:
-        mine = rows_of(rows, protocol)
-        targets = sorted({r["target"] for r in mine if r["method"] != REFERENCE}, reverse=True)
-        methods = list(dict.fromkeys(r["method"] for r in mine if r["method"] != REFERENCE))
-        table: dict[str, dict[str, Any]] = {}
-        for method in methods:
-            for target in targets:
-                cells = _by_seed(mine, method, target)
-                if not cells:
-                    continue
-                seeds = sorted(cells)
-                runs = [outcomes(cells[s]) for s in seeds]
-                entry: dict[str, Any] = {
-                    "seeds": seeds,
-                    "params_total": sum(cells[s]["params_total"] for s in seeds) / len(seeds),
-                    "compression_ratio": sum(cells[s]["compression_ratio"] for s in seeds) / len(seeds),
-                    "recover_lr": sorted({cells[s].get("recover_lr") for s in seeds} - {None}),
-                    **{stat: value_interval(runs, stat, resamples=resamples).to_dict() for stat in ("accuracy", "loss")},
-                }
-                timed = [cells[s] for s in seeds if cells[s].get("ms_per_token")]
-                if timed:  # decode speed, measured side by side with the dense model (bsi.analysis.speed)
-                    entry["ms_per_token"] = sum(r["ms_per_token"] for r in timed) / len(timed)
-                    entry["speedup"] = sum(r["dense_ms_per_token"] / r["ms_per_token"] for r in timed) / len(timed)
-                ours = _by_seed(mine, anchor, target)
-                shared = [s for s in seeds if s in ours]
-                if method != anchor and shared:
-                    a = [outcomes(ours[s]) for s in shared]
-                    b = [outcomes(cells[s]) for s in shared]
-                    entry["vs_anchor"] = {
-                        "seeds": shared,
-                        **{stat: paired_difference(a, b, stat, resamples=resamples).to_dict()
-                           for stat in ("accuracy", "loss")},
-                        "per_seed": {stat: per_seed_differences(a, b, stat) for stat in ("accuracy", "loss")},
-                    }
-                table.setdefault(method, {})[f"{target:g}"] = entry
-        out["protocols"][protocol] = {"targets": targets, "methods": table}
+        mine = [r for r in rows_of(rows, protocol) if r["method"] != REFERENCE]
+        targets = sorted({r["target"] for r in mine}, reverse=True)
+        out["protocols"][protocol] = {
+            "targets": targets,
+            "methods": _method_table([r for r in mine if recovered(r)], targets, outcomes, anchor, text, resamples),
+            "no_recovery": _method_table([r for r in mine if not recovered(r)], targets, outcomes, anchor, text,
+                                         resamples),
+        }
     return out
 
 
@@ -127,54 +185,120 @@ def _loss_digits(value: float) -> int:
     return 3 if abs(value) < 10 else 2
 
 
-def study_markdown(stats: Mapping[str, Any], descriptions: Mapping[str, str] | None = None,
-                   notes: Mapping[str, str] | None = None) -> str:
-    """``results.md``: per protocol, the accuracy/loss table with intervals, then the differences from the anchor."""
-    anchor = stats.get("anchor", ANCHOR)
-    lines: list[str] = []
-    dense = stats.get("dense")
-    if dense:
-        lines += [f"Dense fine-tuned model (seeds {', '.join(map(str, dense['seeds']))}): accuracy "
-                  f"{_interval(dense['accuracy'], 100, 1)} %, answer-token loss {_interval(dense['loss'], 1, 4)}.", ""]
-    for protocol, block in stats["protocols"].items():
-        targets = block["targets"]
-        table = block["methods"]
-        if not table:
-            continue
-        lines += [f"## Protocol `{protocol}`", ""]
-        if descriptions and protocol in descriptions:
-            lines += [descriptions[protocol], ""]
-        if notes and protocol in notes:
-            lines += [notes[protocol], ""]
-        ratio = {t: next((table[m][f"{t:g}"]["compression_ratio"] for m in table if f"{t:g}" in table[m]), float("nan"))
-                 for t in targets}
-        head = [f"{t:g} ({ratio[t]:.2f}x)" for t in targets]
-        lines += ["Accuracy in % and answer-token loss, pooled over the seeds, with 95% bootstrap intervals "
-                  "(problems resampled within each seed). Column: share of the linear layers kept (whole-model "
-                  "compression).", "",
-                  "| method | " + " | ".join(head) + " |", "|---|" + "---|" * len(targets)]
-        for method, cells in table.items():
-            row = []
-            for t in targets:
-                e = cells.get(f"{t:g}")
-                row.append("" if e is None else f"{_interval(e['accuracy'], 100, 1)} / "
-                                                f"{_interval(e['loss'], 1, _loss_digits(e['loss']['estimate']))}")
-            lines.append(f"| `{method}` | " + " | ".join(row) + " |")
+def _cell(entry: Mapping[str, Any] | None, text: bool) -> str:
+    """One model's values in a table cell: accuracy / loss, or on a text task perplexity / loss."""
+    if entry is None:
+        return ""
+    first = _interval(entry["perplexity"], 1, _ppl_digits(entry["perplexity"]["estimate"])) if text \
+        else _interval(entry["accuracy"], 100, 1)
+    return f"{first} / {_interval(entry['loss'], 1, _loss_digits(entry['loss']['estimate']))}"
+
+
+def _difference(diff: Mapping[str, Any] | None, text: bool) -> str:
+    """A difference from the anchor in a cell: accuracy points / loss, or on a text task loss / perplexity ratio."""
+    if diff is None:
+        return ""
+    if text:
+        return f"{_interval(diff['loss'], 1, 3, True)} / {_ratio(diff['perplexity_ratio'])}"
+    return f"{_interval(diff['accuracy'], 100, 1, True)} / {_interval(diff['loss'], 1, 3, True)}"
+
+
+def _ratio(entry: Mapping[str, Any]) -> str:
+    if not math.isfinite(entry["estimate"]):
+        return "-"
+    text = f"{entry['estimate']:.3f} [{entry['low']:.3f}, {entry['high']:.3f}]"
+    return f"**{text}**" if entry.get("excludes_zero") else text
+
+
+def _ppl_digits(value: float) -> int:
+    return 2 if abs(value) < 1000 else 1
+
+
+def _heads(table: Mapping[str, Any], targets: Sequence[float]) -> list[str]:
+    """Column heads: each target with the whole-model compression its models reached."""
+    ratio = {t: next((table[m][f"{t:g}"]["compression_ratio"] for m in table if f"{t:g}" in table[m]), float("nan"))
+             for t in targets}
+    return [f"{t:g} ({ratio[t]:.2f}x)" for t in targets]
+
+
+def _tables(lines: list[str], table: Mapping[str, Any], targets: Sequence[float], anchor: str, text: bool,
+            heading: str | None) -> None:
+    """Append one group's values table and its differences table (recovered or not) to ``lines``."""
+    head = _heads(table, targets)
+    if heading:
+        lines += [heading, ""]
+    what = ("Perplexity and mean next-token loss (nats), pooled over the seeds, with 95% bootstrap intervals "
+            "(held-out windows resampled within each seed)." if text else
+            "Accuracy in % and answer-token loss, pooled over the seeds, with 95% bootstrap intervals "
+            "(problems resampled within each seed).")
+    lines += [f"{what} Column: share of the linear layers kept (whole-model compression).", "",
+              "| method | " + " | ".join(head) + " |", "|---|" + "---|" * len(targets)]
+    for method, cells in table.items():
+        lines.append(f"| `{method}` | " + " | ".join(_cell(cells.get(f"{t:g}"), text) for t in targets) + " |")
+    if text:
+        lines += ["", f"`{anchor}` minus each method in loss (negative: `{anchor}`'s is lower), and `{anchor}`'s "
+                      f"perplexity / the method's (exp of the loss difference; below 1: `{anchor}`'s is lower), paired "
+                      "bootstrap 95% interval pooled over the seeds both ran; **bold**: the interval excludes 0 "
+                      "(a ratio's: 1). Per-seed differences are in `stats.json`."]
+    else:
         lines += ["", f"`{anchor}` minus each method: accuracy in points (positive: `{anchor}` answers more) and "
                       f"loss (negative: `{anchor}`'s is lower), paired bootstrap 95% interval pooled over the seeds "
-                      "both ran; **bold**: the interval excludes 0. Per-seed differences are in `stats.json`.", "",
-                  "| method | " + " | ".join(head) + " |", "|---|" + "---|" * len(targets)]
-        for method, cells in table.items():
-            if method == anchor:
-                continue
-            row = []
-            for t in targets:
-                diff = (cells.get(f"{t:g}") or {}).get("vs_anchor")
-                row.append("" if diff is None else f"{_interval(diff['accuracy'], 100, 1, True)} / "
-                                                   f"{_interval(diff['loss'], 1, 3, True)}")
-            lines.append(f"| `{method}` | " + " | ".join(row) + " |")
+                      "both ran; **bold**: the interval excludes 0. Per-seed differences are in `stats.json`."]
+    lines += ["", "| method | " + " | ".join(head) + " |", "|---|" + "---|" * len(targets)]
+    for method, cells in table.items():
+        if method != anchor:
+            lines.append(f"| `{method}` | " + " | ".join(
+                _difference((cells.get(f"{t:g}") or {}).get("vs_anchor"), text) for t in targets) + " |")
+    lines.append("")
+
+
+def study_markdown(stats: Mapping[str, Any], descriptions: Mapping[str, str] | None = None,
+                   notes: Mapping[str, str] | None = None) -> str:
+    """``results.md``: per protocol, the value table with intervals, then the differences from the anchor.
+
+    With no-recovery rows, each protocol has two pairs of tables: "with
+    recovery" and "no recovery". On a text task the values are perplexity
+    and mean next-token loss, and the protocol of the perplexity is stated
+    first.
+    """
+    anchor = stats.get("anchor", ANCHOR)
+    text = stats.get("task") == "text"
+    lines: list[str] = []
+    protocol = stats.get("perplexity_protocol")
+    if text:
+        lines += ["The loss is the mean next-token NLL in nats over the scored tokens of the held-out windows; the "
+                  "perplexity is exp of it."]
+        if protocol:
+            boundaries = f"; {protocol['document_boundaries']}" if protocol.get("document_boundaries") else ""
+            lines += [f"Protocol: {protocol['source']}; {protocol['description']}{boundaries}."]
         lines.append("")
+    dense = stats.get("dense")
+    if dense and text:
+        lines += [f"Dense fine-tuned model (seeds {', '.join(map(str, dense['seeds']))}): perplexity "
+                  f"{_interval(dense['perplexity'], 1, _ppl_digits(dense['perplexity']['estimate']))}, mean next-token "
+                  f"loss {_interval(dense['loss'], 1, 4)}.", ""]
+    elif dense:
+        lines += [f"Dense fine-tuned model (seeds {', '.join(map(str, dense['seeds']))}): accuracy "
+                  f"{_interval(dense['accuracy'], 100, 1)} %, answer-token loss {_interval(dense['loss'], 1, 4)}.", ""]
+    for name, block in stats["protocols"].items():
+        targets = block["targets"]
+        table, bare = block["methods"], block.get("no_recovery") or {}
+        if not table and not bare:
+            continue
+        lines += [f"## Protocol `{name}`", ""]
+        if descriptions and name in descriptions:
+            lines += [descriptions[name], ""]
+        if notes and name in notes:
+            lines += [notes[name], ""]
+        if table:
+            steps = next((e.get("recover_steps") for cells in table.values() for e in cells.values()), None)
+            heading = (f"### With recovery ({steps} steps)" if steps else "### With recovery") if bare else None
+            _tables(lines, table, targets, anchor, text, heading)
+        if bare:
+            _tables(lines, bare, targets, anchor, text, "### No recovery (each method's model as it left it, no "
+                                                        "training after compression)")
         if any("speedup" in e for cells in table.values() for e in cells.values()):
+            head = _heads(table, targets)
             lines += ["Decode speed, measured side by side with the dense model (greedy, batch 1, median): "
                       "ms/token is the time of one more token once the prompt is processed; the speed-up is the "
                       "dense model's ms/token / this model's (tokens/s = 1000 / ms/token).", "",

@@ -1,4 +1,4 @@
-"""Compare tab: a sweep's results, accuracy and loss against size, with intervals.
+"""Compare tab: a sweep's results, accuracy (or perplexity) and loss against size, with intervals.
 
 A sweep folder (``bsi sweep --out DIR``) holds ``results.jsonl`` (one row per
 evaluated model), each model's per-problem outcomes and ``stats.json``, the
@@ -7,7 +7,10 @@ intervals computed from them (:mod:`bsi.analysis.study`). The tab reads
 :func:`bsi.analysis.figures.study_figure` (accuracy and loss against size, one
 line per method, 95% bands) and tabulates every cell: the pooled accuracy and
 loss with their intervals and the paired difference from ``bsi``, starred when
-its interval excludes 0. A sweep written before outcomes were kept is drawn
+its interval excludes 0. A sweep on a text task shows the perplexity instead
+of the accuracy, and ``bsi``'s perplexity over each method's (below 1:
+``bsi``'s is lower); models evaluated before recovery are listed as
+``method (no recovery)``. A sweep written before outcomes were kept is drawn
 from its rows alone, without intervals (:func:`~bsi.analysis.figures.results_figure`).
 """
 
@@ -26,6 +29,10 @@ from bsi.files import json_object
 REQUIRED = ("method", "target", "params_total", "accuracy", "loss")
 HEADERS = ["protocol", "method", "target", "params (M)", "accuracy (%)", "95% interval", "loss", "95% interval",
            "bsi − method, accuracy (points)", "bsi − method, loss"]
+TEXT_HEADERS = ["protocol", "method", "target", "params (M)", "perplexity", "95% interval", "mean next-token loss",
+                "95% interval", "bsi / method, perplexity", "bsi − method, loss"]
+NO_RECOVERY = " (no recovery)"
+"""Appended to the method of a model evaluated before recovery."""
 
 
 def results_path(spec: str) -> Path:
@@ -85,19 +92,30 @@ def _interval(entry: dict | None, scale: float, signed: bool = False) -> tuple[f
 
 
 def table(stats: dict) -> list[list]:
-    """One row per protocol, method and target (HEADERS order), numbers to four significant figures."""
+    """One row per protocol, method and target (:data:`HEADERS` order, :data:`TEXT_HEADERS` on a text task).
+
+    Numbers to four significant figures; the recovered models first, then
+    those evaluated before recovery (``method (no recovery)``).
+    """
+    text = stats.get("task") == "text"
     out = []
     for protocol, block in stats.get("protocols", {}).items():
-        for method, cells in block["methods"].items():
-            for target, e in sorted(cells.items(), key=lambda kv: -float(kv[0])):
-                acc, acc_ci = _interval(e["accuracy"], 100)
-                loss, loss_ci = _interval(e["loss"], 1)
-                diff = e.get("vs_anchor") or {}
-                d_acc, d_acc_ci = _interval(diff.get("accuracy"), 100, signed=True)
-                d_loss, d_loss_ci = _interval(diff.get("loss"), 1, signed=True)
-                out.append([protocol, method, float(target), significant(e["params_total"] / 1e6), acc, acc_ci, loss,
-                            loss_ci, "" if d_acc is None else f"{d_acc:+g} {d_acc_ci}",
-                            "" if d_loss is None else f"{d_loss:+g} {d_loss_ci}"])
+        for group, suffix in (("methods", ""), ("no_recovery", NO_RECOVERY)):
+            for method, cells in (block.get(group) or {}).items():
+                for target, e in sorted(cells.items(), key=lambda kv: -float(kv[0])):
+                    first, first_ci = _interval(e["perplexity"], 1) if text else _interval(e["accuracy"], 100)
+                    loss, loss_ci = _interval(e["loss"], 1)
+                    diff = e.get("vs_anchor") or {}
+                    if text:
+                        d_first, d_first_ci = _interval(diff.get("perplexity_ratio"), 1, signed=True)
+                        d_first_text = "" if d_first is None else f"{d_first:g} {d_first_ci}"
+                    else:
+                        d_first, d_first_ci = _interval(diff.get("accuracy"), 100, signed=True)
+                        d_first_text = "" if d_first is None else f"{d_first:+g} {d_first_ci}"
+                    d_loss, d_loss_ci = _interval(diff.get("loss"), 1, signed=True)
+                    out.append([protocol, method + suffix, float(target), significant(e["params_total"] / 1e6), first,
+                                first_ci, loss, loss_ci, d_first_text,
+                                "" if d_loss is None else f"{d_loss:+g} {d_loss_ci}"])
     return out
 
 
@@ -110,7 +128,7 @@ def plain_table(rows: Sequence[dict]) -> list[list]:
 
 
 def view(spec: str):
-    """(status, figure, table) for a sweep folder."""
+    """(status, figure, table, headers) for a sweep folder."""
     from bsi.analysis.figures import results_figure, study_figure
 
     rows = load_results(spec)
@@ -119,9 +137,16 @@ def view(spec: str):
     seeds = sorted({r.get("seed", 0) for r in rows})
     status = f"{len(rows)} evaluated models, methods: {', '.join(methods)}; seeds {', '.join(map(str, seeds))}"
     if stats is None:
-        return status + " (no per-problem outcomes in this sweep: no intervals)", results_figure(rows), plain_table(rows)
+        return (status + " (no per-problem outcomes in this sweep: no intervals)", results_figure(rows),
+                plain_table(rows), HEADERS)
+    if stats.get("task") == "text":
+        protocol = stats.get("perplexity_protocol") or {}
+        said = f" Perplexity on {protocol['source']}: {protocol['description']}." if protocol else ""
+        return (status + "; the loss is the mean next-token NLL and the perplexity exp of it; 95% bootstrap "
+                         "intervals over the held-out windows, * marks a difference whose interval excludes 0 (a "
+                         "perplexity ratio's: 1)." + said, study_figure(stats), table(stats), TEXT_HEADERS)
     return (status + "; 95% bootstrap intervals over the test problems, * marks a difference whose interval "
-                     "excludes 0", study_figure(stats), table(stats))
+                     "excludes 0", study_figure(stats), table(stats), HEADERS)
 
 
 def render(default_dir: str = "runs/sweep"):
@@ -141,8 +166,9 @@ def render(default_dir: str = "runs/sweep"):
 
     def on_load(spec):
         try:
-            return view(spec)
+            status, fig, rows, headers = view(spec)
         except BSIError as err:
             return f"**Error:** {err}", gr.skip(), gr.skip()
+        return status, fig, {"data": rows, "headers": headers}
 
     load.click(on_load, folder, [status, figure, frame])

@@ -16,6 +16,7 @@ from bsi.app import job
 from bsi.app.format import in_app_words
 from bsi.app.form import (
     DATA_SOURCES,
+    TEXT_INPUTS,
     HUTCHINSON_ONLY,
     KNOB,
     KNOBS,
@@ -68,9 +69,25 @@ def _model_inputs(defaults: Form) -> dict[str, Any]:
         trust_remote_code=gr.Checkbox(value=False, visible=own,
                                       label="Trust remote code (runs code from the model's repository)"),
         data_source=gr.Radio(DATA_SOURCES, value=defaults.data_source, label="Task data"),
-        data_file=gr.File(label=f"JSONL upload (question/answer per line, <= {MAX_UPLOAD_BYTES // 2**20} MB)",
-                          file_types=[".jsonl"], type="filepath", visible=defaults.data_source == "upload"),
+        data_file=gr.File(label=f"Upload: question/answer JSONL, or a text (.txt, or JSONL with a 'text' field), "
+                                f"<= {MAX_UPLOAD_BYTES // 2**20} MB",
+                          file_types=[".jsonl", ".txt"], type="filepath", visible=defaults.data_source == "upload"),
+        **_text_inputs(defaults),
     )
+
+
+def _text_inputs(defaults: Form) -> dict[str, Any]:
+    """The text task's settings (shown when the data may be text): the window and how many windows are scored."""
+    import gradio as gr
+
+    from bsi.config import PipelineConfig, field_help
+
+    shown = defaults.data_source != "embedded"
+    with gr.Row():
+        return {attr: gr.Number(value=getattr(defaults, attr), label=label, precision=0, visible=shown,
+                                info=field_help(PipelineConfig, name) + (" (0 here: all of them)"
+                                                                         if attr == "eval_windows" else ""))
+                for attr, (name, label) in TEXT_INPUTS.items()}
 
 
 def _method_inputs(defaults: Form) -> dict[str, Any]:
@@ -122,7 +139,11 @@ def _wire_form(inputs: dict[str, Any], upload_status, eps_parts: list) -> None:
 
     inputs["model_source"].change(on_model_source, inputs["model_source"],
                                   [inputs["model_name"], inputs["trust_remote_code"]])
-    inputs["data_source"].change(lambda s: gr.update(visible=s == "upload"), inputs["data_source"], inputs["data_file"])
+    text = [inputs[attr] for attr in TEXT_INPUTS]
+    def on_data_source(source):
+        return [gr.update(visible=source == "upload")] + [gr.update(visible=source != "embedded")] * len(text)
+
+    inputs["data_source"].change(on_data_source, inputs["data_source"], [inputs["data_file"], *text])
     inputs["data_file"].change(upload_message, inputs["data_file"], upload_status)
 
     def on_size_mode(mode):
@@ -133,7 +154,8 @@ def _wire_form(inputs: dict[str, Any], upload_status, eps_parts: list) -> None:
     hutchinson = [inputs[attr] for attr in HUTCHINSON_ONLY] + eps_parts
     inputs["curvature"].change(lambda c: [gr.update(visible=c == "hutchinson")] * len(hutchinson),
                                inputs["curvature"], hutchinson)
-    refilled = ["model_source", "size_mode", "size_value", *(knob.attr for knob in KNOBS if knob.attr != "size_mode")]
+    refilled = ["model_source", "data_source", *TEXT_INPUTS, "size_mode", "size_value",
+                *(knob.attr for knob in KNOBS if knob.attr != "size_mode")]
 
     def on_preset(name):
         if name not in PRESETS:

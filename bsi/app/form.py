@@ -29,7 +29,7 @@ import torch
 
 from bsi.app.format import in_app_words, number_text
 from bsi.config import PRESETS, CompressConfig, PipelineConfig, RecoverConfig, field_help, make_config
-from bsi.data import EMBEDDED_TASK, read_jsonl
+from bsi.data import EMBEDDED_TASK, WIKITEXT_2, WIKITEXT_2_RELEASE, is_text_task, read_jsonl, read_text_corpus
 from bsi.errors import BSIError
 from bsi.files import check_output_dir
 from bsi.method.scores import eps_rule, fraction_bits
@@ -37,7 +37,7 @@ from bsi.method.surgery import sigma_max
 from bsi.models import EMBEDDED_MODEL, TINY_MODEL, resolve_device, resolve_dtype
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
-"""Largest JSONL upload accepted (20 MB); the server also refuses bigger files."""
+"""Largest upload accepted (20 MB); the server also refuses bigger files."""
 
 MODEL_SOURCES = [
     ("Embedded default: SmolLM2-135M-Instruct", "embedded"),
@@ -45,7 +45,11 @@ MODEL_SOURCES = [
     ("Hugging Face hub id", "hub"),
     ("Local folder", "path"),
 ]
-DATA_SOURCES = [("Embedded task: generated math word problems", "embedded"), ("Upload a JSONL file", "upload")]
+DATA_SOURCES = [("Embedded task: generated math word problems (accuracy)", "embedded"),
+                (f"Text: WikiText-2, packaged ({WIKITEXT_2_RELEASE}; perplexity)", "wikitext-2"),
+                ("Upload a file: question/answer JSONL, or text (.txt, or JSONL with a 'text' field)", "upload")]
+#: The text settings' inputs: Form attribute -> (configuration field, label).
+TEXT_INPUTS = {"window": ("window", "Window (tokens)"), "eval_windows": ("eval_windows", "Held-out windows scored")}
 SECTIONS = {"compress": CompressConfig, "recover": RecoverConfig}
 
 
@@ -97,7 +101,7 @@ RATIOS = {"target": Knob("size_value", "compress", "target_ratio", "Target ratio
           "keep": Knob("size_value", "compress", "keep_ratio", "KeepRatio")}
 HUTCHINSON_ONLY = ("probe_scope", "eps")
 #: Configuration field -> the form's label for it (for messages, :func:`bsi.app.format.in_app_words`).
-LABELS = {knob.name: knob.label for knob in (*KNOBS, *RATIOS.values())}
+LABELS = {knob.name: knob.label for knob in (*KNOBS, *RATIOS.values())} | dict(TEXT_INPUTS.values())
 
 
 @dataclass
@@ -109,6 +113,8 @@ class Form:
     trust_remote_code: bool = False
     data_source: str = "embedded"
     data_file: str | None = None
+    window: int = 512  # text task: tokens per window
+    eval_windows: int = 0  # text task: held-out windows scored for perplexity; 0: all of them
     preset: str = "default"
     size_mode: str = "target"
     size_value: float = 0.7
@@ -132,7 +138,9 @@ class Form:
         values = {knob.attr: knob.value_in(config) for knob in KNOBS}
         values["eps"] = values["eps"] or 0.0
         model = "tiny" if PRESETS[preset].get("model") == TINY_MODEL else "embedded"
-        return cls(model_source=model, preset=preset, size_value=float(config.compress.ratio), **values)
+        data = "wikitext-2" if config.data == WIKITEXT_2 else "embedded"
+        return cls(model_source=model, data_source=data, window=config.window, eval_windows=config.eval_windows or 0,
+                   preset=preset, size_value=float(config.compress.ratio), **values)
 
 
 # ------------------------------------------------------------------ validation
@@ -158,34 +166,53 @@ def model_spec(form: Form) -> str:
 
 
 def validate_upload(path: str | None) -> int:
-    """Check an uploaded JSONL file; returns its number of examples.
+    """Check an uploaded file; returns its number of examples (a text: of documents).
 
-    Refuses files over :data:`MAX_UPLOAD_BYTES` and reports malformed content
-    through :func:`bsi.data.read_jsonl`, whose message names the line; the
-    server's temporary path in that message is replaced by the file's name.
+    A question/answer JSONL file, or a text: a ``.txt`` file, or a JSONL file
+    whose records hold ``text`` and no ``question``
+    (:func:`bsi.data.is_text_task`). Refuses files over
+    :data:`MAX_UPLOAD_BYTES` and reports malformed content through
+    :func:`bsi.data.read_jsonl` or :func:`bsi.data.read_text_corpus`, whose
+    messages name the line; the server's temporary path in them is replaced by
+    the file's name.
     """
     if not path:
-        raise BSIError("data: upload a .jsonl file (one JSON object with 'question' and 'answer' per line)")
+        raise BSIError("data: upload a .jsonl file (one JSON object with 'question' and 'answer' per line) or a text "
+                       "(.txt)")
     file = Path(path)
-    if file.suffix.lower() != ".jsonl":
-        raise BSIError(f"data: '{file.name}' is not a .jsonl file")
+    if file.suffix.lower() not in (".jsonl", ".txt"):
+        raise BSIError(f"data: '{file.name}' is not a .jsonl file or a .txt text")
     size = file.stat().st_size
     if size > MAX_UPLOAD_BYTES:
         raise BSIError(f"data: '{file.name}' is {size / 2**20:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB")
     try:
+        if is_text_task(str(file)):
+            return len(read_text_corpus(str(file)).train_documents)
         return len(read_jsonl(file))
     except BSIError as err:
         raise BSIError(str(err).replace(str(file), file.name)) from None
 
 
 def upload_message(path: str | None) -> str:
-    """The status line shown under the upload widget."""
+    """The status line shown under the upload widget: what the file is and how much it holds."""
     if not path:
         return ""
     try:
-        return f"OK: {validate_upload(path)} examples in {Path(path).name}"
+        count = validate_upload(path)
     except BSIError as err:
         return f"Error: {err}"
+    if is_text_task(path):
+        return f"OK: a text of {count} document(s) in {Path(path).name}: trained on every token, measured by perplexity"
+    return f"OK: {count} examples in {Path(path).name}"
+
+
+def read_whole(label: str, value: Any, minimum: int) -> int:
+    """A whole-number input of the form, at least ``minimum`` (BSIError naming its label)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BSIError(f"{label}: type a whole number")
+    if float(value) != int(value) or value < minimum:
+        raise BSIError(f"{label} must be a whole number >= {minimum}, got {number_text(value)}")
+    return int(value)
 
 
 def read_knob(knob: Knob, value: Any) -> Any:
@@ -235,6 +262,12 @@ def build_config(form: Form) -> PipelineConfig:
     if form.data_source == "upload":
         validate_upload(form.data_file)
         data = str(form.data_file)
+    elif form.data_source == "wikitext-2":
+        data = WIKITEXT_2
+    elif form.data_source != "embedded":
+        raise BSIError(f"Task data: choose one of {', '.join(label for label, _ in DATA_SOURCES)}")
+    text = {"window": read_whole(TEXT_INPUTS["window"][1], form.window, 2),
+            "eval_windows": read_whole(TEXT_INPUTS["eval_windows"][1], form.eval_windows, 0) or None}  # 0: all
     values = {knob.attr: read_knob(knob, getattr(form, knob.attr)) for knob in KNOBS}
     ratio = RATIOS[values["size_mode"]]
     sections: dict[str, dict[str, Any]] = {"compress": {}, "recover": {}}
@@ -245,7 +278,7 @@ def build_config(form: Form) -> PipelineConfig:
     sections["compress"]["eps"] = values["eps"] or None  # 0: the rule
     check_rounds(form.preset, values["rounds"])
     overrides = {"model": model_spec(form), "data": data, "trust_remote_code": bool(form.trust_remote_code),
-                 **sections}
+                 **text, **sections}
     try:
         return make_config(form.preset, overrides)
     except BSIError as err:
@@ -325,6 +358,6 @@ def compute_eps_rule(form: Form) -> str:
     return eps_rule_text(value, dtype, config.compress.eps_alpha, config.compress.eps_max)
 
 
-__all__ = ["Form", "Knob", "KNOBS", "RATIOS", "LABELS", "MAX_UPLOAD_BYTES", "MODEL_SOURCES", "DATA_SOURCES",
+__all__ = ["Form", "Knob", "KNOBS", "RATIOS", "LABELS", "MAX_UPLOAD_BYTES", "MODEL_SOURCES", "DATA_SOURCES", "TEXT_INPUTS",
            "build_config", "validate_upload", "upload_message", "output_folder", "checkpoint_progress",
            "eps_rule_text", "compute_eps_rule"]

@@ -99,6 +99,10 @@ def describe(report: Any) -> str | None:
         return (f"round {report.round}/{report.total_rounds}: pruned {report.removed} bases, "
                 f"{report.params_total:,} params ({report.compressible_ratio:.1%} of the compressible layers), "
                 f"mean loss {number_text(report.mean_loss)}, eps {number_text(report.eps)}, {report.elapsed:.1f} s")
+    if isinstance(report, EvalReport) and report.perplexity is not None:
+        return (f"evaluate {report.when}: perplexity {number_text(report.perplexity)}, mean next-token loss "
+                f"{number_text(report.loss)} on {report.examples} held-out windows, {report.params_total:,} params "
+                f"({report.seconds:.1f} s)")
     if isinstance(report, EvalReport):
         return (f"evaluate {report.when}: accuracy {report.accuracy:.1%}, loss {number_text(report.loss)} on "
                 f"{report.examples} examples, {report.params_total:,} params ({report.seconds:.1f} s)")
@@ -110,7 +114,13 @@ def describe(report: Any) -> str | None:
 
 def _done_status(summary: dict) -> str:
     before, after = summary.get("metrics_before"), summary.get("metrics_after")
-    acc = f" · accuracy {before['accuracy']:.1%} → {after['accuracy']:.1%}" if before and after else ""
+    perplexity = summary.get("perplexity")
+    if perplexity and before and after:
+        protocol = perplexity.get("protocol") or {}
+        acc = (f" · perplexity {number_text(before['perplexity'])} → {number_text(after['perplexity'])} on "
+               f"{protocol.get('source', summary.get('data'))} ({protocol.get('description', '')})")
+    else:
+        acc = f" · accuracy {before['accuracy']:.1%} → {after['accuracy']:.1%}" if before and after else ""
     return (f"**Done** in {summary['seconds']:.0f} s · params {summary['params_before']:,} → "
             f"{summary['params_after']:,} ({number_text(summary['compression_ratio'])}x; compressible layers at "
             f"{summary['compressible_ratio']:.1%}){acc} · chat with it in the Chat tab")

@@ -53,16 +53,23 @@ def compute(session, form, name: str, k: int, examples: int = 4, seed: int = 0):
     """The :class:`~bsi.analysis.spectrum.SpectrumResult` of layer ``name``'s top-k sigmas on ``examples`` examples."""
     from bsi.analysis.spectrum import compute_spectra
     from bsi.app.form import build_config
-    from bsi.data import BatchStream, load_task
+    from bsi.data import BatchStream, TextBatchStream, is_text_task, load_task, load_text_task
+    from bsi.pipeline.perplexity import model_context
 
     if not name:
         raise BSIError("choose a layer first (press *List layers*)")
     loaded = source_model(session, form)
     config = build_config(form)
-    task = load_task(config.data, question_field=config.question_field, answer_field=config.answer_field,
-                     test_size=1, train_size=max(int(examples), 1), seed=seed)
-    batch = next(iter(BatchStream(task.train, loaded.tokenizer, batch_size=int(examples),
-                                  max_length=config.max_length, seed=seed)))
+    if is_text_task(config.data, config.task, config.text_field, config.question_field):  # a batch of training windows
+        text = load_text_task(config.data, loaded.tokenizer, window=config.window, seed=seed,
+                              held_out_fraction=config.held_out_fraction, text_field=config.text_field,
+                              max_context=model_context(loaded.model))
+        batch = next(TextBatchStream(text.train_windows, batch_size=int(examples), seed=seed))
+    else:
+        task = load_task(config.data, question_field=config.question_field, answer_field=config.answer_field,
+                         test_size=1, train_size=max(int(examples), 1), seed=seed)
+        batch = next(iter(BatchStream(task.train, loaded.tokenizer, batch_size=int(examples),
+                                      max_length=config.max_length, seed=seed)))
     device = next(loaded.model.parameters()).device
     batch = {key: value.to(device) for key, value in batch.items()}
     return compute_spectra(loaded.model, [name], [batch], top_k=int(k), meta={"model": loaded.source})

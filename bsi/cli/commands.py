@@ -101,8 +101,9 @@ def interrupted_message(out_dir: Path, started: float, resumed: bool) -> str:
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    """A small plain-text table of a run's summary."""
+    """A small plain-text table of a run's summary; on a text task, perplexity and its protocol instead of accuracy."""
     before, after = summary.get("metrics_before") or {}, summary.get("metrics_after") or {}
+    perplexity = summary.get("perplexity")
 
     def pct(m: dict) -> str:
         return f"{100 * m['accuracy']:.1f}%" if m else "-"
@@ -110,12 +111,16 @@ def summary_table(summary: dict[str, Any]) -> str:
     def loss(m: dict) -> str:
         return f"{m['loss']:.4f}" if m else "-"
 
+    def ppl(m: dict) -> str:
+        return f"{m['perplexity']:.3f}" if m and m.get("perplexity") is not None else "-"
+
+    metrics = [("perplexity", ppl(before), ppl(after)), ("mean next-token loss (nats)", loss(before), loss(after))] \
+        if perplexity else [("accuracy", pct(before), pct(after)), ("answer-token loss", loss(before), loss(after))]
     rows = [
         ("", "before", "after"),
         ("parameters (whole model)", f"{summary['params_before']:,}", f"{summary['params_after']:,}"),
         ("parameters (compressible layers)", f"{summary['compressible_params_before']:,}", f"{summary['compressible_params_after']:,}"),
-        ("accuracy", pct(before), pct(after)),
-        ("answer-token loss", loss(before), loss(after)),
+        *metrics,
     ]
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width))) for r in rows]
@@ -123,6 +128,9 @@ def summary_table(summary: dict[str, Any]) -> str:
         f"compression: {summary['compression_ratio']:.2f}x whole model, compressible layers at "
         f"{100 * summary['compressible_ratio']:.1f}% of their size; {summary['seconds']:.0f} s"
     )
+    protocol = (perplexity or {}).get("protocol")
+    if protocol:
+        lines.append(f"perplexity on {protocol['source']}: {protocol['description']}")
     return "\n".join(lines)
 
 

@@ -192,11 +192,17 @@ def preset_table() -> str:
         recovery = f"{c.recover.steps} steps at lr {c.recover.lr:g}"
         if sweep and make_sweep_config(name).lr_grid:
             recovery += f" (`bsi sweep`: lr chosen from {', '.join(f'{x:g}' for x in make_sweep_config(name).lr_grid)})"
+        if sweep and make_sweep_config(name).also_unrecovered:
+            recovery += " (`bsi sweep`: and none)"
+        if c.data == "wikitext-2" or c.task == "text":
+            windows = "every held-out window" if c.eval_windows is None else f"the first {c.eval_windows} held-out windows"
+            evaluation = f"`{c.data}`: perplexity on {windows} of {c.window} tokens"
+        else:
+            evaluation = f"{c.eval_examples} problems, max length {c.max_length}, {c.max_new_tokens} new tokens"
         rows.append(
             f"| `{name}` | `{c.model}` | {k.rounds} rounds of {k.round_length} iterations ({k.profiling_iters} "
             f"profiling), {k.score}, {k.curvature} curvature, {k.bases} bases | {size} | "
-            f"{c.finetune.steps} steps at lr {c.finetune.lr:g} | {recovery} | {c.eval_examples} problems, "
-            f"max length {c.max_length}, {c.max_new_tokens} new tokens |")
+            f"{c.finetune.steps} steps at lr {c.finetune.lr:g} | {recovery} | {evaluation} |")
     return "\n".join(rows)
 
 

@@ -31,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "model: the last block's layer of each kind, top-16 sigmas, one batch of 4. More layers, "
                      "a larger --top-k or layers near the input cost more: each Hessian column is one second "
                      "backward pass, which for block 0 runs through the whole model.")
-    add_model_flags(p, CONFIG_FLAGS, helps={"seed": "seed of the batches"})
+    add_model_flags(p, CONFIG_FLAGS, helps={"seed": "seed of the batches",
+                                            "data": "question/answer task data: embedded-math, a local .jsonl file "
+                                                    "or a datasets hub name"})
     p.add_argument("--layers", nargs="+", metavar="SPEC",
                    help="layers to measure: exact names, substrings (mlp.down_proj), globs (*.layers.1?.*proj), "
                         "each optionally with @I,J for the I-th and J-th matches, negative from the end "

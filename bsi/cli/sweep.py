@@ -50,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allocation", choices=("published", "uniform", "sensitivity"),
                    help="rank allocation of the truncation methods: published (sensitivity for asvd, uniform for "
                         "the others), uniform or sensitivity (default: published)")
+    p.add_argument("--also-unrecovered", action=argparse.BooleanOptionalAction, default=None,
+                   help="also evaluate every method's model of every size before recovery (rows with recover_steps 0, "
+                        "a table of their own) (default: the preset's, "
+                        f"{preset_value('also_unrecovered')}; else off)")
     p.add_argument("--speed-repeats", type=int, help="decode-speed timings per model against the dense one, 0 for "
                                                      "none (default: 0)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -59,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _text(value) -> str:
     if isinstance(value, dict):
         return ",".join(f"{k}:{t:g}" for k, ts in value.items() for t in ts)
+    if isinstance(value, bool):
+        return "on" if value else "off"
     if isinstance(value, (list, tuple)):
         return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
     return str(value)
@@ -102,6 +108,8 @@ def settings_from_args(args: argparse.Namespace):
         given["lr_targets"] = parse_list(args.lr_targets, float, "--lr-targets")
     if args.speed_repeats is not None:
         given["speed_repeats"] = args.speed_repeats
+    if args.also_unrecovered is not None:
+        given["also_unrecovered"] = args.also_unrecovered
     preset = None if args.config else (args.preset or "default")
     settings = make_sweep_config(preset, given)
     baseline = dict(settings.baseline)
@@ -116,7 +124,7 @@ def settings_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from bsi.pipeline.methods import BaselineConfig
-    from bsi.pipeline.sweep import CellReport, LearningRateReport, Sweep, cell_key
+    from bsi.pipeline.sweep import CellReport, LearningRateReport, Sweep
     from bsi.progress import ProgressPrinter
 
     settings = settings_from_args(args)
@@ -143,15 +151,19 @@ def run(args: argparse.Namespace) -> int:
 
 def describe(report) -> str:
     """One line for a finished cell or a learning-rate choice."""
-    from bsi.pipeline.sweep import CellReport, cell_key
+    from bsi.pipeline.sweep import CellReport, row_key
 
     if isinstance(report, CellReport):
         r = report.row
+        lr = f", lr {r['recover_lr']:g}" if r.get("recover_lr") is not None else ", no recovery"
         state = "already done" if report.skipped else \
-            f"{r.get('recover_seconds', 0) + r.get('eval_seconds', 0):.0f} s, lr {r.get('recover_lr'):g}"
-        acc = f"{100 * r['accuracy']:.1f}%" if r.get("accuracy") is not None and math.isfinite(r["accuracy"]) else "-"
-        return (f"[{report.index}/{report.total}] {cell_key(r['protocol'], r['method'], r['target'], r['seed'])}: "
-                f"{r['params_total']:,} params, accuracy {acc}, loss {r['loss']:.4f} ({state})")
+            f"{r.get('recover_seconds', 0) + r.get('eval_seconds', 0):.0f} s{lr}"
+        if r.get("perplexity") is not None:
+            value = f"perplexity {r['perplexity']:.3f}, mean next-token loss {r['loss']:.4f}"
+        else:
+            acc = f"{100 * r['accuracy']:.1f}%" if r.get("accuracy") is not None and math.isfinite(r["accuracy"]) else "-"
+            value = f"accuracy {acc}, loss {r['loss']:.4f}"
+        return f"[{report.index}/{report.total}] {row_key(r)}: {r['params_total']:,} params, {value} ({state})"
     losses = ", ".join(f"{lr:g}: {loss:.4f}" for lr, loss in report.losses.items())
     return (f"learning rate for {report.method} ({report.protocol}) near {report.target:g}: {report.chosen:g} "
             f"(validation loss {losses})")

@@ -54,10 +54,12 @@ from bsi.data.text import (
     TextTask,
     check_window,
     cut_windows,
+    is_text_task,
     join_documents,
     load_text_task,
     looks_like_text,
     read_text_corpus,
+    set_aside_windows,
     split_tail,
     tokenize_corpus,
     wikitext_2_folder,
@@ -70,6 +72,6 @@ __all__ = [
     # text tasks
     "DEFAULT_HELD_OUT_FRACTION", "DEFAULT_TEXT_FIELD", "DEFAULT_WINDOW", "EOS_SEPARATOR", "WIKITEXT_2",
     "WIKITEXT_2_RELEASE", "TextBatchStream", "TextCorpus", "TextTask", "check_window", "cut_windows",
-    "epoch_permutation", "join_documents", "load_text_task", "looks_like_text", "read_text_corpus", "split_tail",
-    "tokenize_corpus", "wikitext_2_folder",
+    "epoch_permutation", "is_text_task", "join_documents", "load_text_task", "looks_like_text", "read_text_corpus",
+    "set_aside_windows", "split_tail", "tokenize_corpus", "wikitext_2_folder",
 ]

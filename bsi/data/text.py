@@ -203,15 +203,46 @@ def looks_like_text(spec: str, text_field: str = DEFAULT_TEXT_FIELD, question_fi
         return False
     if path.suffix.lower() != ".jsonl":
         return True
+    record = _first_record(path)
+    return record is not None and text_field in record and question_field not in record
+
+
+def _first_record(path: Path) -> dict | None:
+    """The first JSON object of a JSONL file, or None when its first non-blank line is not one."""
     with path.open("rb") as handle:
         for raw in handle:
             if raw.strip():
                 try:
-                    record = json_object(raw.decode("utf-8"), 1, path)
+                    return json_object(raw.decode("utf-8"), 1, path)
                 except (BSIError, UnicodeDecodeError):
-                    return False
-                return text_field in record and question_field not in record
-    return False
+                    return None
+    return None
+
+
+def is_text_task(spec: str, kind: str = "auto", text_field: str = DEFAULT_TEXT_FIELD,
+                 question_field: str = "question") -> bool:
+    """Whether a run's data is a text task: ``kind`` ``"text"``/``"qa"`` says so, ``"auto"`` asks :func:`looks_like_text`.
+
+    ``kind`` is :attr:`bsi.config.PipelineConfig.task`. Detection cannot tell
+    a hub id's kind without loading it, so a hub text dataset needs
+    ``kind="text"``.
+
+    Raises:
+        BSIError: in ``auto``, for a JSONL file whose first record has
+            neither field (neither kind can read it), naming both flags.
+    """
+    if kind not in ("auto", "qa", "text"):
+        raise BSIError(f"task must be one of auto, qa, text, got '{kind}'")
+    if kind != "auto":
+        return kind == "text"
+    path = Path(spec).expanduser()
+    record = _first_record(path) if path.suffix.lower() == ".jsonl" and path.is_file() else None
+    if record is not None and text_field not in record and question_field not in record:
+        have = ", ".join(repr(k) for k in record) or "none"
+        raise BSIError(f"{path}, line 1: missing field '{question_field}' (a question/answer task), and no "
+                       f"'{text_field}' (a text task) either (fields present: {have}); name yours with "
+                       "--question-field/--answer-field, or with --text-field for a text")
+    return looks_like_text(spec, text_field, question_field)
 
 
 def _read_text_file(path: Path) -> str:
@@ -527,6 +558,33 @@ def load_text_task(
     corpus = read_text_corpus(spec, text_field=text_field)
     return tokenize_corpus(corpus, tokenizer, window=window, held_out_fraction=held_out_fraction, seed=seed,
                            separator=separator, max_context=max_context)
+
+
+def set_aside_windows(windows: torch.Tensor, validation: int = 0, cap: int | None = None,
+                      name: str = "the text") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(train, validation)`` windows: the last ``validation`` windows are set aside, the first ``cap`` of the rest train.
+
+    The validation windows come from the *training* part (its end), never
+    from the held-out part, so choosing anything by their loss leaves the
+    perplexity untouched.
+
+    Args:
+        windows: ``(W, L)`` training windows (:attr:`TextTask.train_windows`).
+        validation: windows set aside (0: none).
+        cap: most windows that train (``None``: all that are left).
+
+    Returns:
+        ``(W', L)`` and ``(validation, L)``, views of ``windows``.
+
+    Raises:
+        BSIError: when no training window would be left.
+    """
+    count = windows.shape[0]
+    if validation >= count:
+        raise BSIError(f"the training part of {name} has {count:,} windows of {windows.shape[1]} tokens, too few to set "
+                       f"{validation:,} aside for validation: lower --validation-size (or --window)")
+    train = windows[: count - validation]  # (W - V, L)
+    return (train if cap is None else train[:cap]), windows[count - validation :]
 
 
 # ----------------------------------------------------------------------------- training batches

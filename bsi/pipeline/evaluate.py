@@ -24,6 +24,7 @@ whole question and the whole gold answer are scored.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -44,16 +45,25 @@ class Metrics:
 
     ``loss_examples`` is how many problems the loss averages over (token-weighted);
     None when it is the same set as the accuracy's.
+
+    On a text task nothing is answered (``accuracy`` NaN, ``examples`` 0), the
+    "problems" are the held-out windows (``loss_examples``), ``loss`` is the
+    mean next-token NLL over their scored tokens and ``perplexity`` is
+    ``exp(loss)``; None for a question/answer task.
     """
 
     accuracy: float
     loss: float
     examples: int
     loss_examples: int | None = None
+    perplexity: float | None = None
 
     def to_dict(self) -> dict:
-        """The metrics as a plain dict (JSON-serialisable)."""
-        return asdict(self)
+        """The metrics as a plain dict (JSON-serialisable); ``perplexity`` only on a text task."""
+        data = asdict(self)
+        if self.perplexity is None:
+            del data["perplexity"]
+        return data
 
 
 @dataclass(frozen=True)
@@ -78,9 +88,16 @@ class ProblemOutcome:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One :class:`ProblemOutcome` per problem, in the order the problems were given."""
+    """One :class:`ProblemOutcome` per problem, in the order the problems were given.
+
+    ``text``: the outcomes are a text task's held-out windows, in stream
+    order (``loss_sum`` a window's summed next-token NLL over its ``tokens``
+    scored tokens, nothing answered, see :mod:`bsi.pipeline.perplexity`), and
+    the metrics carry the perplexity.
+    """
 
     outcomes: tuple[ProblemOutcome, ...]
+    text: bool = False
 
     @property
     def metrics(self) -> Metrics:
@@ -89,8 +106,9 @@ class Evaluation:
         accuracy = sum(bool(o.correct) for o in answered) / len(answered) if answered else float("nan")
         loss = sum(o.loss_sum for o in self.outcomes) / tokens if tokens else float("nan")
         scored = len(self.outcomes)
+        perplexity = (math.exp(loss) if math.isfinite(loss) else float("nan")) if self.text else None
         return Metrics(accuracy=accuracy, loss=loss, examples=len(answered),
-                       loss_examples=None if scored == len(answered) else scored)
+                       loss_examples=None if scored == len(answered) else scored, perplexity=perplexity)
 
     def columns(self) -> dict[str, list]:
         """The outcomes as aligned columns: ``correct`` (None: not answered), ``loss_sum``, ``tokens``, ``prediction``."""

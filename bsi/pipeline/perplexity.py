@@ -180,6 +180,44 @@ class PerplexityResult:
         return data
 
 
+LOSS_MEANING = "mean next-token NLL in nats (natural log) over the scored tokens; perplexity = exp(loss)"
+"""What a text task's loss and perplexity are, in one line (summary.json, results.md)."""
+
+
+def protocol_record(result: PerplexityResult, task: TextTask | None = None) -> dict:
+    """A perplexity's full protocol as plain values (what ``summary.json`` and a sweep record beside the figure).
+
+    Everything that decides the number: what was scored (the source, with
+    its release), the window and stride, how a window's first token and the
+    document boundaries are handled, that nothing is padded, and how many
+    tokens and windows were scored out of how many. ``task`` adds the text
+    task's own protocol (its parts, separator, token counts).
+    """
+    if result.stride == result.window:
+        first = ("each window's first token is context only, never scored (so a full window scores window - 1 "
+                 "tokens and the stream's first token is never scored)")
+    else:
+        first = (f"the first window scores every token but its first; each later window scores only its last "
+                 f"{result.stride} tokens, the {result.window - result.stride} before them are context")
+    record = {
+        "source": result.source, "window": result.window, "stride": result.stride,
+        "windows": result.windows, "windows_in_stream": result.windows_in_stream,
+        "tokens_scored": result.tokens_scored, "stream_tokens": result.stream_tokens,
+        "first_token": first,
+        "padding": "none: each window is scored on its own, the last one may be shorter",
+        "loss": LOSS_MEANING,
+        "description": result.protocol(),
+    }
+    if task is not None:
+        record |= {
+            "data": task.name, "release": task.release, "held_out_part": task.held_out_part,
+            "train_part": task.train_part,
+            "document_boundaries": f"between two documents: {task.separator}; no BOS token; a window may span a "
+                                   "document boundary",
+        }
+    return record
+
+
 def model_context(model: nn.Module) -> int | None:
     """The longest input the model was built for (``max_position_embeddings`` or its kin), or None if it says none."""
     config = getattr(model, "config", None)

@@ -14,6 +14,15 @@ in accuracy comes from the choice of bases and nothing else:
    (:class:`~bsi.config.RecoverConfig`), optionally distilling from the
    fine-tuned dense model.
 
+The task is a question/answer task (:mod:`bsi.data.tasks`: trained on the
+answer tokens, evaluated by accuracy and answer-token loss) or a *text task*
+(:mod:`bsi.data.text`, ``config.task``: trained on every token of windows of
+``config.window`` tokens, evaluated by perplexity on the held-out part,
+:mod:`bsi.pipeline.perplexity`). Only :meth:`Pipeline.load`,
+:meth:`Pipeline.stream` and the evaluation know the difference: a text batch
+has the keys of a task batch with labels equal to its inputs, so the loss,
+every curvature source, every method and the recovery run on it unchanged.
+
 :meth:`Pipeline.run` is a generator of typed reports (stage boundaries, steps,
 rounds, evaluations, and a final :class:`~bsi.reports.DoneReport`). Nothing is
 written to ``out_dir`` until the end, and then atomically.
@@ -38,18 +47,21 @@ from torch import nn
 
 from bsi.pipeline.checkpoint import load_checkpoint, save_checkpoint
 from bsi.config import PipelineConfig, RecoverConfig, protocol_deviations
-from bsi.data import EMBEDDED_TASK, BatchStream, TaskData, load_task
+from bsi.data import (EMBEDDED_TASK, EOS_SEPARATOR, BatchStream, TaskData, TextBatchStream, TextTask, is_text_task,
+                      load_task, read_text_corpus, set_aside_windows, tokenize_corpus)
 from bsi.pipeline.distributed import from_environment
 from bsi.method.engine import Compressor
 from bsi.errors import BSIError
 from bsi.pipeline.losses import DistillationLoss, answer_token_loss
-from bsi.pipeline.evaluate import Evaluation, Metrics, evaluate
+from bsi.pipeline.evaluate import Evaluation, Metrics, ProblemOutcome, evaluate
 from bsi.pipeline.export import WEIGHTS, write_model_files
 from bsi.files import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir, refuse_to_replace
 from bsi.models import cache_root, load_model_and_tokenizer, model_id, resolve_device, resolve_dtype
 from bsi.method.surgery import (basis_layers, compressible_linear_names, compressible_parameters, model_parameters,
                                 size_report, to_exported_form)
 from bsi.pipeline.methods import BaselineConfig, Method, engine_method, get_method
+from bsi.pipeline.perplexity import (LOSS_MEANING, measure_perplexity, model_context, protocol_record,
+                                     text_task_perplexity)
 from bsi.reports import DoneReport, EvalReport, RoundReport, SizeReport, StageReport, StepReport
 from bsi.pipeline.training import finetune
 
@@ -85,6 +97,9 @@ def outcome_lines(evaluations: dict[str, Evaluation], task: TaskData | None) -> 
     Each line: ``model`` (``finetuned`` or ``recovered``), ``index`` in the
     test set, the question, the generated answer (null: scored for the loss
     only), ``correct``, and the answer-token ``loss_sum`` over ``tokens``.
+    On a text task (``task`` None) a line is a held-out window, ``index`` its
+    place in the stream, ``loss_sum`` its summed next-token NLL over its
+    ``tokens`` scored tokens, and nothing is answered.
     """
     lines = []
     for when, evaluation in evaluations.items():
@@ -94,6 +109,23 @@ def outcome_lines(evaluations: dict[str, Evaluation], task: TaskData | None) -> 
                 "prediction": outcome.prediction, "correct": outcome.correct, "loss_sum": outcome.loss_sum,
                 "tokens": outcome.tokens}))
     return "".join(line + "\n" for line in lines)
+
+
+def window_outcomes(nll_sums: Any, token_counts: Any) -> Evaluation:
+    """A text evaluation as per-problem outcomes: one per held-out window, its NLL sum over its scored tokens.
+
+    So a sweep's outcomes files, the paired bootstrap and the tables treat a
+    window as they treat a test problem (with nothing answered).
+    """
+    return Evaluation(tuple(ProblemOutcome(float(s), int(c)) for s, c in zip(nll_sums, token_counts)), text=True)
+
+
+def eval_report(when: str, metrics: Metrics, params_total: int, seconds: float) -> EvalReport:
+    """The :class:`EvalReport` of ``metrics``: on a text task it counts windows and carries the perplexity."""
+    text = metrics.perplexity is not None
+    examples = (metrics.loss_examples or 0) if text else metrics.examples
+    return EvalReport(when, metrics.accuracy, metrics.loss, examples, params_total, seconds,
+                      perplexity=metrics.perplexity)
 
 
 def check_run_folder(out_dir: str | Path, *, force: bool = False) -> Path:
@@ -118,7 +150,21 @@ def check_run_folder(out_dir: str | Path, *, force: bool = False) -> Path:
 
 
 def finetune_cache_key(config: PipelineConfig, dtype: torch.dtype) -> str:
-    """Hash of everything that determines the stage-1 result."""
+    """Hash of everything that determines the stage-1 result.
+
+    On a text task: the text (spec and field), how it becomes windows (the
+    window, the held-out share, the separator, the seed's document order) and
+    which windows train (``train_size``, ``validation_size``); question/answer
+    tasks keep the key they always had.
+    """
+    if is_text_task(config.data, config.task, config.text_field, config.question_field):
+        inputs = {
+            "model": model_id(config.model), "data": config.data, "task": "text", "text_field": config.text_field,
+            "window": config.window, "held_out_fraction": config.held_out_fraction, "separator": EOS_SEPARATOR,
+            "train_size": config.train_size, "validation_size": config.validation_size, "seed": config.seed,
+            "batch_size": config.batch_size, "dtype": str(dtype), "finetune": config.finetune.to_dict(), "version": 1,
+        }
+        return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
     inputs = {
         "model": model_id(config.model), "data": config.data, "fields": [config.question_field, config.answer_field],
         "train_size": config.train_size, "test_size": config.test_size, "seed": config.seed,
@@ -165,7 +211,12 @@ class Pipeline:
         self.model: nn.Module | None = None
         self.teacher: nn.Module | None = None
         self.tokenizer: Any = None
-        self.task: TaskData | None = None
+        self.is_text = is_text_task(config.data, config.task, config.text_field, config.question_field)
+        self.task: TaskData | None = None  # a question/answer task (None on a text task)
+        self.text: TextTask | None = None  # a text task, tokenized (None on a question/answer task)
+        self.train_windows: torch.Tensor | None = None  # (W, window): the text windows that train
+        self.validation_windows: torch.Tensor | None = None  # (V, window): the last training windows, set aside
+        self.perplexities: dict[str, dict] = {}  # text task: each evaluation's protocol (protocol_record)
         self.rounds: list[RoundReport] = []
         self.metrics: dict[str, Metrics] = {}
         self.evaluations: dict[str, Evaluation] = {}  # per-problem outcomes of each evaluated model
@@ -205,29 +256,56 @@ class Pipeline:
 
     # --------------------------------------------------------------- stages
     def load(self) -> None:
-        """Load the task and the model (validating both before any training)."""
+        """Load the task and the model (validating both before any training).
+
+        A text is read and checked before the model loads (an empty, binary
+        or field-less file answers at once), then tokenized with the model's
+        tokenizer and cut into windows, the window checked against the
+        model's context (:func:`bsi.pipeline.perplexity.model_context`).
+        """
         cfg = self.config
-        self.task = load_task(
-            cfg.data, question_field=cfg.question_field, answer_field=cfg.answer_field,
-            test_size=cfg.test_size, train_size=cfg.train_size, seed=cfg.seed, validation_size=cfg.validation_size,
-        )
-        if not self.task.train:
-            raise BSIError(f"dataset '{cfg.data}' has no training examples left after the test split")
+        corpus = None
+        if self.is_text:
+            corpus = read_text_corpus(cfg.data, text_field=cfg.text_field)
+        else:
+            self.task = load_task(
+                cfg.data, question_field=cfg.question_field, answer_field=cfg.answer_field,
+                test_size=cfg.test_size, train_size=cfg.train_size, seed=cfg.seed, validation_size=cfg.validation_size,
+            )
+            if not self.task.train:
+                raise BSIError(f"dataset '{cfg.data}' has no training examples left after the test split")
         self.model, self.tokenizer = load_model_and_tokenizer(
             cfg.model, dtype=self.dtype, device=self.device, trust_remote_code=cfg.trust_remote_code,
             cache_dir=self.cache_dir,
         )
+        if corpus is not None:
+            self.text = tokenize_corpus(corpus, self.tokenizer, window=cfg.window,
+                                        held_out_fraction=cfg.held_out_fraction, seed=cfg.seed,
+                                        max_context=model_context(self.model))
+            self.train_windows, self.validation_windows = set_aside_windows(
+                self.text.train_windows, cfg.validation_size, cfg.train_size, name=self.text.name)
         if not compressible_linear_names(self.model):
             raise BSIError(f"model '{cfg.model}' has no linear layers to compress (tied output layers are left alone)")
         if cfg.gradient_checkpointing and hasattr(self.model, "gradient_checkpointing_enable"):
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
-    def stream(self, seed_offset: int) -> BatchStream:
-        """The training batches of one use (1: fine-tune, 2: compress, 3: recover, 4-5: baselines), per process."""
-        assert self.task is not None
+    def stream(self, seed_offset: int) -> BatchStream | TextBatchStream:
+        """The training batches of one use (1: fine-tune, 2: compress, 3: recover, 4-5: baselines), per process.
+
+        On a text task, batches of training windows (:class:`~bsi.data.TextBatchStream`).
+        """
         seed = self.config.seed + seed_offset + 1000 * self.dist.rank  # each process its own batches
+        if self.train_windows is not None:
+            return TextBatchStream(self.train_windows, batch_size=self.config.batch_size, seed=seed)
+        assert self.task is not None
         return BatchStream(self.task.train, self.tokenizer, batch_size=self.config.batch_size,
                            max_length=self.config.max_length, seed=seed)
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether the run evaluates its models: ``eval_windows`` not 0 (text), ``eval_examples`` or ``eval_loss_examples``."""
+        cfg = self.config
+        return cfg.eval_windows != 0 if self.is_text else bool(cfg.eval_examples or cfg.eval_loss_examples)
 
     def finetune_stage(self) -> Iterator[Report]:
         """Stage 1: dense task fine-tuning, cached by a hash of its inputs."""
@@ -276,6 +354,7 @@ class Pipeline:
             plain = self._resume[1]
             self.params_before, self.compressible_before = plain["params_before"], plain["compressible_before"]
             self.metrics = {k: Metrics(**m) for k, m in plain["metrics"].items()}
+            self.perplexities = dict(plain.get("perplexity", {}))
             self.round_log = list(plain["rounds"])
             self.reference = self.metrics.get("finetuned")
             return
@@ -284,10 +363,9 @@ class Pipeline:
         if self.reference is None:
             yield from self.evaluate_stage("finetuned")
             self.reference = self.metrics.get("finetuned")
-        elif self.config.eval_examples:  # measured before (a sweep measures it once)
+        elif self.evaluates:  # measured before (a sweep measures it once)
             self.metrics["finetuned"] = self.reference
-            yield EvalReport("finetuned", self.reference.accuracy, self.reference.loss, self.reference.examples,
-                             self.params_before, 0.0)
+            yield eval_report("finetuned", self.reference, self.params_before, 0.0)
 
     def compress(self) -> Iterator[Report]:
         """Stage 2: the method turns the fine-tuned model into a model of `BasisLinear` layers of the asked size."""
@@ -354,7 +432,7 @@ class Pipeline:
                 hook.remove()
         self.notes.extend(compressor.notes)
 
-    def checkpoint(self, compressor: Compressor, stream: BatchStream) -> None:
+    def checkpoint(self, compressor: Compressor, stream: BatchStream | TextBatchStream) -> None:
         """Save the state after a complete round into ``out_dir/checkpoint`` (atomic; rank 0 writes).
 
         Under several processes each also sends rank 0 what is its own, its
@@ -376,6 +454,7 @@ class Pipeline:
             "stream": stream.state_dict(), "rounds": self.round_log,
             "params_before": self.params_before, "compressible_before": self.compressible_before,
             "metrics": {k: m.to_dict() for k, m in self.metrics.items()}, "method": self.method_name,
+            "perplexity": self.perplexities,
         }
         if own is not None:
             plain["streams"] = [position for _, position in own]
@@ -478,25 +557,51 @@ class Pipeline:
     def evaluate_stage(self, when: str) -> Iterator[Report]:
         """Evaluate the model on the test problems: ``eval_loss_examples`` scored, the first ``eval_examples`` answered.
 
-        Keeps the per-problem outcomes in :attr:`evaluations` and the
+        On a text task: perplexity on the held-out part, ``eval_windows``
+        windows of ``window`` tokens every ``eval_stride`` tokens
+        (:func:`bsi.pipeline.perplexity.text_task_perplexity`), one outcome
+        per window, its protocol kept in :attr:`perplexities`. Keeps the
+        per-problem (per-window) outcomes in :attr:`evaluations` and the
         aggregate in :attr:`metrics`, both under ``when``.
         """
         cfg = self.config
-        if cfg.eval_examples == 0 and not cfg.eval_loss_examples:
+        if not self.evaluates:
             return
-        assert self.task is not None
         yield StageReport("evaluate", "start", when)
         start = time.perf_counter()
-        evaluation = self.evaluate_on(self.task.test[: cfg.scored_examples], answered=cfg.eval_examples)
+        if self.text is not None:
+            result = text_task_perplexity(self.model, self.text, window=cfg.window, stride=cfg.eval_stride,
+                                          batch_size=cfg.eval_batch_size, max_windows=cfg.eval_windows)
+            evaluation = window_outcomes(result.window_nll_sums, result.window_token_counts)
+            self.perplexities[when] = protocol_record(result, self.text)
+        else:
+            assert self.task is not None
+            evaluation = self.evaluate_on(self.task.test[: cfg.scored_examples], answered=cfg.eval_examples)
         self.evaluations[when], self.metrics[when] = evaluation, evaluation.metrics
-        metrics = evaluation.metrics
-        yield EvalReport(when, metrics.accuracy, metrics.loss, metrics.examples,
-                         model_parameters(self.model), time.perf_counter() - start)
+        yield eval_report(when, evaluation.metrics, model_parameters(self.model), time.perf_counter() - start)
 
     def evaluate_on(self, examples, answered: int | None = None) -> Evaluation:
         """The model's outcomes on ``examples`` (the first ``answered`` answered; 0: loss only)."""
         return evaluate(self.model, self.tokenizer, examples, answered=answered,
                         batch_size=self.config.eval_batch_size, max_new_tokens=self.config.max_new_tokens)
+
+    def validation_loss(self) -> tuple[float, int]:
+        """The model's loss on the validation set carved from the training data, and how many examples it holds.
+
+        Question/answer task: the answer-token loss of the validation
+        problems. Text task: the mean next-token loss of the validation
+        windows (the last ``validation_size`` windows of the training part),
+        each scored on its own from its first token, as a training batch is.
+        """
+        if self.text is not None:
+            windows = self.validation_windows
+            if windows is None or not windows.shape[0]:
+                raise BSIError("no validation windows: give validation_size (--validation-size N)")
+            result = measure_perplexity(self.model, windows.reshape(-1), window=windows.shape[1],
+                                        batch_size=self.config.eval_batch_size)
+            return result.mean_nll, int(windows.shape[0])
+        assert self.task is not None
+        return self.evaluate_on(self.task.validation, answered=0).metrics.loss, len(self.task.validation)
 
     # ------------------------------------------------------------------ run
     def run(self) -> Iterator[Report]:
@@ -525,8 +630,10 @@ class Pipeline:
             "compressible_params_after": compressible_after,
             "compressible_ratio": compressible_after / compressible_before,
             "compressible_ratio_of": "parameters of the compressed linear layers after / before",
+            "task": "text" if self.is_text else "qa",
             "metrics_before": self.metrics["finetuned"].to_dict() if "finetuned" in self.metrics else None,
             "metrics_after": self.metrics["recovered"].to_dict() if "recovered" in self.metrics else None,
+            **({"perplexity": self.perplexity_summary()} if self.is_text else {}),
             "protocol": self.config.protocol,
             "protocol_deviations": protocol_deviations(self.config) if self.method_is_engine else [],
             "eps": self.round_log[-1]["eps"] if self.round_log else None,
@@ -542,6 +649,19 @@ class Pipeline:
             self.save(summary)
             yield StageReport("save", "end", str(self.out_dir))
         yield DoneReport(summary, str(self.out_dir) if self.out_dir is not None else None)
+
+    def perplexity_summary(self) -> dict[str, Any]:
+        """``summary.json``'s ``perplexity``: before and after, what the loss is, and the protocol of the figures."""
+        def value(when: str) -> float | None:
+            metrics = self.metrics.get(when)
+            return None if metrics is None else metrics.perplexity
+
+        protocol = self.perplexities.get("recovered") or self.perplexities.get("finetuned")
+        return {"before": value("finetuned"), "after": value("recovered"), "loss": LOSS_MEANING,
+                "protocol": protocol,
+                "text_task": self.text.describe() | {"validation_windows": int(self.validation_windows.shape[0]),
+                                                     "training_windows_used": int(self.train_windows.shape[0])}
+                if self.text is not None else None}
 
     def save(self, summary: dict[str, Any]) -> None:
         """Write model, summary.json and rounds.jsonl into ``out_dir`` in one atomic swap.

@@ -50,8 +50,9 @@ from typing import Any
 
 from torch import nn
 
-from bsi.analysis.study import PUBLISHED, REFERENCE, folder_loader, study_markdown, study_stats
+from bsi.analysis.study import PUBLISHED, REFERENCE, folder_loader, recovered, study_markdown, study_stats
 from bsi.config import ENGINE_METHODS, PROTOCOLS, PipelineConfig, SweepConfig, deep_update
+from bsi.data import is_text_task
 from bsi.errors import BSIError
 from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, json_object
 from bsi.pipeline.evaluate import Evaluation, Metrics
@@ -61,6 +62,8 @@ from bsi.pipeline.runner import Pipeline, Report
 from bsi.reports import SizeReport, StageReport
 
 OUTCOMES = "outcomes"
+#: The pipeline settings of a text task only: a question/answer sweep's fingerprint leaves them out.
+TEXT_SETTINGS = ("task", "text_field", "window", "held_out_fraction", "eval_windows", "eval_stride")
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,17 @@ class LearningRateReport:
     chosen: float
 
 
-def cell_key(protocol: str, method: str, target: float, seed: int) -> str:
-    """``tuned/bsi@0.4/s0``: a cell's name (the protocol is ``published`` for truncation methods)."""
-    return f"{protocol}/{method}@{target:g}/s{seed}"
+def cell_key(protocol: str, method: str, target: float, seed: int, recovered: bool = True) -> str:
+    """``tuned/bsi@0.4/s0``: a cell's name (the protocol is ``published`` for truncation methods).
+
+    A model evaluated before recovery (``also_unrecovered``) is its own cell, ``tuned/bsi@0.4/s0/no-recovery``.
+    """
+    return f"{protocol}/{method}@{target:g}/s{seed}" + ("" if recovered else "/no-recovery")
+
+
+def row_key(row: dict) -> str:
+    """The cell a row of ``results.jsonl`` belongs to."""
+    return cell_key(row["protocol"], row["method"], row["target"], row["seed"], recovered(row))
 
 
 def protocol_label(method: str, protocol: str) -> str:
@@ -126,11 +137,18 @@ class Sweep:
         self.baseline = BaselineConfig.from_dict(settings.baseline)
         for method in settings.methods:
             get_method(method)
+        self.is_text = is_text_task(config.data, config.task, config.text_field, config.question_field)
         if settings.lr_grid and not config.validation_size:
             raise BSIError("choosing the recovery learning rate (lr_grid) needs a validation set: give validation_size "
                            "(--validation-size N), held out of the training data")
-        if config.eval_examples == 0 and not config.eval_loss_examples:
+        if self.is_text and config.eval_windows == 0:
+            raise BSIError("a sweep compares evaluated models: eval_windows must not be 0 (leave it out to score "
+                           "every held-out window)")
+        if not self.is_text and config.eval_examples == 0 and not config.eval_loss_examples:
             raise BSIError("a sweep compares evaluated models: eval_examples (or eval_loss_examples) must be > 0")
+        if settings.also_unrecovered and config.recover.steps == 0:
+            raise BSIError("also_unrecovered adds rows before recovery, but recover_steps is 0: every row is already "
+                           "unrecovered; drop --also-unrecovered or give --recover-steps")
         self.out_dir = check_output_dir(out_dir)
         self.cache_dir = cache_dir
         self.dist = from_environment()  # several processes compute every cell together; rank 0 writes and times
@@ -139,8 +157,9 @@ class Sweep:
         self.lr_choices: dict[tuple[str, str, float], float] = {
             (r["protocol"], r["method"], r["target"]): r["recover_lr"]
             for r in self.rows if (r.get("lr_choice") or {}).get("chosen_here")}
-        self.dense: dict[int, Metrics] = {r["seed"]: Metrics(r["accuracy"], r["loss"], r["examples"], r.get("loss_examples"))
-                                          for r in self.rows if r["method"] == REFERENCE}
+        self.dense: dict[int, Metrics] = {
+            r["seed"]: Metrics(r["accuracy"], r["loss"], r["examples"], r.get("loss_examples"), r.get("perplexity"))
+            for r in self.rows if r["method"] == REFERENCE}
         self.started = time.perf_counter()
 
     # ---------------------------------------------------------------- files
@@ -150,9 +169,13 @@ class Sweep:
 
     def fingerprint(self) -> str:
         """Hash of everything but the grid (methods, targets, seeds, protocols may grow): other settings, other sweep."""
-        grid = ("methods", "targets", "extra_targets", "seeds", "protocols", "speed_repeats", "speed_tokens")
+        grid = ("methods", "targets", "extra_targets", "seeds", "protocols", "speed_repeats", "speed_tokens",
+                "also_unrecovered")
         settings = {k: v for k, v in self.settings.to_dict().items() if k not in grid}
         config = self.config.to_dict() | {"seed": None, "preset": None}
+        if not self.is_text:  # the text settings change nothing else (and sweeps made before them keep their hash)
+            for key in TEXT_SETTINGS:
+                config.pop(key)
         config["compress"] = {k: v for k, v in config["compress"].items()
                               if k not in ("score", "target_ratio", "stops", "size_mode", "keep_ratio")}
         blob = json.dumps({"config": config, "settings": settings, "version": 2}, sort_keys=True)
@@ -210,11 +233,22 @@ class Sweep:
                 out += [(seed, method, p) for p in protocols]
         return out
 
+    @property
+    def variants(self) -> tuple[bool, ...]:
+        """Which models of each cell are evaluated: ``(False, True)`` before and after recovery, or ``(True,)``.
+
+        ``True`` stands for "the sweep's recovery"; when that is 0 steps the
+        recovered model *is* the unrecovered one, and its rows say so.
+        """
+        recovers = self.config.recover.steps > 0
+        return (False, True) if self.settings.also_unrecovered else (recovers,)
+
     def cells(self) -> list[str]:
-        return [cell_key(p, m, t, s) for s, m, p in self.runs() for t in self.settings.targets_of(m)]
+        return [cell_key(p, m, t, s, r and self.config.recover.steps > 0) for s, m, p in self.runs()
+                for t in self.settings.targets_of(m) for r in self.variants]
 
     def done(self) -> set[str]:
-        return {cell_key(r["protocol"], r["method"], r["target"], r["seed"]) for r in self.rows}
+        return {row_key(r) for r in self.rows}
 
     def config_for(self, seed: int, method: str, protocol: str) -> PipelineConfig:
         """The pipeline settings of one run: the seed, all of the method's sizes, the protocol's settings."""
@@ -232,14 +266,23 @@ class Sweep:
         """One paragraph: what the engine methods of ``protocol`` and the shared recovery ran with."""
         config = self.config_for(self.settings.seeds[0], "bsi", protocol)
         c, r = config.compress, config.recover
+        held = f"the last {config.validation_size} training windows" if self.is_text else \
+            f"{config.validation_size} training problems"
         lr = (f"lr chosen from {', '.join(f'{x:g}' for x in self.settings.lr_grid)} by validation loss "
-              f"({config.validation_size} training problems held out)" if self.settings.lr_grid else f"lr {r.lr:g}")
+              f"({held} held out)" if self.settings.lr_grid else f"lr {r.lr:g}")
+        unrecovered = " Every method's models are also evaluated before recovery." if self.settings.also_unrecovered else ""
+        if self.is_text:
+            scored = "every held-out window" if config.eval_windows is None else \
+                f"the first {config.eval_windows} held-out windows"
+            evaluation = f"perplexity on {scored} of {config.window} tokens of {config.data} per seed"
+        else:
+            evaluation = (f"{config.eval_examples} test problems answered and {config.scored_examples} scored for the "
+                          "loss per seed")
         return (f"Engine methods: {c.bases} bases, {c.rounds} rounds of {c.round_length} iterations "
                 f"({c.profiling_iters} profiling) passing every size, {c.curvature} curvature, {c.selection_rule} "
                 f"selection, cut cap {c.max_cut_factor:g}, {c.aux_rank} auxiliary vectors. Every method: "
-                f"{r.steps} recovery steps training {r.train}, {lr}. Seeds "
-                f"{', '.join(map(str, self.settings.seeds))}; {config.eval_examples} test problems answered and "
-                f"{config.scored_examples} scored for the loss per seed.")
+                f"{r.steps} recovery steps training {r.train}, {lr}.{unrecovered} Seeds "
+                f"{', '.join(map(str, self.settings.seeds))}; {evaluation}.")
 
     # ------------------------------------------------------------------ run
     def run(self) -> Iterator[Report | CellReport | LearningRateReport]:
@@ -249,16 +292,19 @@ class Sweep:
         for seed in self.settings.seeds:
             if seed not in self.dense:
                 yield from self._reference(seed)
+        recovers = self.config.recover.steps > 0
         for seed, method, protocol in self.runs():
             targets = self.settings.targets_of(method)
-            keys = {t: cell_key(protocol, method, t, seed) for t in targets}
-            missing = [t for t in targets if keys[t] not in self.done()]
-            for t in targets:
-                if t not in missing:
-                    row = next(r for r in self.rows if cell_key(r["protocol"], r["method"], r["target"], r["seed"]) == keys[t])
-                    yield CellReport(position[keys[t]], len(cells), row, skipped=True)
+            keys = {(t, v): cell_key(protocol, method, t, seed, v and recovers)
+                    for t in targets for v in self.variants}
+            done = self.done()
+            missing = {key for key in keys if keys[key] not in done}
+            for key, name in keys.items():
+                if key not in missing:
+                    row = next(r for r in self.rows if row_key(r) == name)
+                    yield CellReport(position[name], len(cells), row, skipped=True)
             if missing:
-                yield from self._run(seed, method, protocol, missing, lambda t: position[keys[t]], len(cells))
+                yield from self._run(seed, method, protocol, missing, lambda key: position[keys[key]], len(cells))
                 self.write()
         self.dist.barrier()  # the files are complete when any process returns
 
@@ -273,13 +319,22 @@ class Sweep:
                "params_total": pipeline.params_before, "params_before": pipeline.params_before, "compression_ratio": 1.0,
                "compressible_ratio": 1.0, **metrics.to_dict(), "outcomes": self._save_outcomes(REFERENCE, REFERENCE, 1.0, seed, evaluation),
                "eval_seconds": 0.0}
+        if "finetuned" in pipeline.perplexities:  # a text task: what every row's perplexity was measured on, and how
+            row["perplexity_protocol"] = pipeline.perplexities["finetuned"]
         row = self.dist.from_main(row)
         self.rows.insert(sum(r["method"] == REFERENCE for r in self.rows), row)
         self.write()
 
-    def _run(self, seed: int, method: str, protocol: str, targets: Sequence[float], index, total: int
+    def _run(self, seed: int, method: str, protocol: str, missing: set[tuple[float, bool]], index, total: int
              ) -> Iterator[Report | CellReport | LearningRateReport]:
-        """One method's run: compress through every size, then recover and evaluate each missing one."""
+        """One method's run: compress through every size, then evaluate each missing model of each size.
+
+        ``missing`` holds ``(target, recovered)`` pairs: the model before
+        recovery (``recovered`` False, with ``also_unrecovered``) is evaluated
+        on a copy, exported exactly as recovery would export it, then the
+        size is recovered and evaluated.
+        """
+        targets = sorted({t for t, _ in missing}, reverse=True)
         pipeline = Pipeline(self.config_for(seed, method, protocol), cache_dir=self.cache_dir, method=method,
                             baseline=self.baseline, reference=self.dense[seed])
         yield from pipeline.reference_stage()
@@ -295,10 +350,16 @@ class Sweep:
         yield StageReport("compress", "end")
         first_seed = seed == self.settings.seeds[0]
         choose_here = [t for t in targets if first_seed and self.settings.lr_grid
-                       and self.settings.lr_target_for(t) == t]
+                       and self.settings.lr_target_for(t) == t and (t, True) in missing]
         for target in [*choose_here, *(t for t in targets if t not in choose_here)]:
+            model = snapshots.pop(target)
+            if (target, False) in missing:
+                row = yield from self._unrecovered(pipeline, model, method, protocol, target, seed, compress_seconds)
+                yield CellReport(index((target, False)), total, row)
+            if (target, True) not in missing:
+                continue
             start = time.perf_counter()
-            choice = yield from self._recover(pipeline, snapshots.pop(target), method, protocol, target,
+            choice = yield from self._recover(pipeline, model, method, protocol, target,
                                               choose=target in choose_here)
             recover_seconds = time.perf_counter() - start
             start = time.perf_counter()
@@ -310,7 +371,22 @@ class Sweep:
             row = self.dist.from_main(row)  # rank 0's timings everywhere
             self.rows.append(row)
             self.write(summaries=False)
-            yield CellReport(index(target), total, row)
+            yield CellReport(index((target, True)), total, row)
+
+    def _unrecovered(self, pipeline: Pipeline, model: nn.Module, method: str, protocol: str, target: float, seed: int,
+                     compress_seconds: float):
+        """Evaluate a copy of ``model`` with no recovery (exported as recovery exports it); returns its row."""
+        pipeline.model = copy.deepcopy(model)
+        yield from pipeline.recover_stage(dataclasses.replace(pipeline.config.recover, steps=0))
+        start = time.perf_counter()
+        yield from pipeline.evaluate_stage("unrecovered")
+        row = self._row(pipeline, method, protocol, target, seed, (None, None),
+                        {"compress_seconds": compress_seconds, "recover_seconds": 0.0,
+                         "eval_seconds": time.perf_counter() - start}, when="unrecovered")
+        row = self.dist.from_main(row)
+        self.rows.append(row)
+        self.write(summaries=False)
+        return row
 
     def _recover(self, pipeline: Pipeline, model: nn.Module, method: str, protocol: str, target: float, *, choose: bool):
         """Recover ``model`` into ``pipeline.model``; returns ``(lr, choice)`` where choice records a grid search."""
@@ -332,7 +408,7 @@ class Sweep:
         for lr in grid:
             pipeline.model = copy.deepcopy(model)
             yield from pipeline.recover_stage(dataclasses.replace(pipeline.config.recover, lr=lr))
-            loss = pipeline.evaluate_on(pipeline.task.validation, answered=0).metrics.loss
+            loss, validation_size = pipeline.validation_loss()
             losses[lr] = loss
             if best is None or (math.isfinite(loss) and not loss >= best[0]):
                 best = (loss, lr, pipeline.model)
@@ -340,30 +416,34 @@ class Sweep:
         self.lr_choices[(protocol, method, target)] = best[1]
         yield LearningRateReport(method, protocol, target, losses, best[1])
         return best[1], {"chosen_at": target, "chosen_here": True, "validation_loss": {f"{k:g}": v for k, v in losses.items()},
-                         "validation_examples": len(pipeline.task.validation)}
+                         "validation_examples": validation_size}
 
-    def _save_outcomes(self, protocol: str, method: str, target: float, seed: int, evaluation: Evaluation) -> str:
+    def _save_outcomes(self, protocol: str, method: str, target: float, seed: int, evaluation: Evaluation,
+                       recovered: bool = True) -> str:
         """Write one model's per-problem outcomes (rank 0); returns the file's path relative to the sweep folder."""
-        name = f"{OUTCOMES}/{protocol}-{method}-{target:g}-s{seed}.json"
+        name = f"{OUTCOMES}/{protocol}-{method}-{target:g}-s{seed}{'' if recovered else '-no-recovery'}.json"
         if self.dist.is_main:
             (self.out_dir / OUTCOMES).mkdir(parents=True, exist_ok=True)
             atomic_write_json(self.out_dir / name, evaluation.columns())
         return name
 
     def _row(self, pipeline: Pipeline, method: str, protocol: str, target: float, seed: int,
-             choice: tuple[float, dict | None], seconds: dict) -> dict:
+             choice: tuple[float | None, dict | None], seconds: dict, when: str = "recovered") -> dict:
+        """A row of ``results.jsonl`` for the model evaluated as ``when`` (``recovered`` or ``unrecovered``)."""
         from bsi.method.surgery import compressible_parameters, model_parameters
 
-        evaluation = pipeline.evaluations["recovered"]
+        evaluation = pipeline.evaluations[when]
         params = model_parameters(pipeline.model)
         now, dense = compressible_parameters(pipeline.model)
         lr, lr_choice = choice
+        steps = pipeline.config.recover.steps if when == "recovered" else 0
         return {
             "method": method, "protocol": protocol, "target": target, "seed": seed, "fingerprint": self.fingerprint(),
             "params_total": params, "params_before": pipeline.params_before,
             "compression_ratio": pipeline.params_before / params, "compressible_ratio": now / dense,
-            **evaluation.metrics.to_dict(), "recover_lr": lr, "lr_choice": lr_choice,
-            "outcomes": self._save_outcomes(protocol, method, target, seed, evaluation),
+            **evaluation.metrics.to_dict(), "recover_steps": steps, "recover_lr": lr if steps else None,
+            "lr_choice": lr_choice,
+            "outcomes": self._save_outcomes(protocol, method, target, seed, evaluation, recovered=steps > 0),
             "notes": list(pipeline.notes), **seconds,
         }
 
