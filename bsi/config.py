@@ -666,8 +666,10 @@ class SweepConfig(_JsonConfig):
         self.lr_targets = tuple(float(x) for x in self.lr_targets)
         self.extra_targets = {m: tuple(float(t) for t in ts) for m, ts in dict(self.extra_targets).items()}
         _check(bool(self.methods), f"name at least one method: {', '.join(METHOD_NAMES)}")
-        for name in (*self.methods, *self.extra_targets):
-            _check_choice(name, "method", METHOD_NAMES)
+        for name in self.methods:
+            _check(name in METHOD_NAMES, f"methods must be among {', '.join(METHOD_NAMES)}, got '{name}'")
+        for name in self.extra_targets:
+            _check(name in METHOD_NAMES, f"extra_targets must name methods among {', '.join(METHOD_NAMES)}, got '{name}'")
         _check(len(set(self.methods)) == len(self.methods), f"methods has duplicates: {', '.join(self.methods)}")
         _check(bool(self.targets), "name at least one target")
         for t in (*self.targets, *(t for ts in self.extra_targets.values() for t in ts), *self.lr_targets):
@@ -677,7 +679,7 @@ class SweepConfig(_JsonConfig):
                f"seeds must be distinct integers, got {list(self.seeds)}")
         _check(bool(self.protocols), "name at least one protocol")
         for name in (*self.protocols, *self.protocol_settings):
-            _check_choice(name, "protocol", PROTOCOL_NAMES)
+            _check(name in PROTOCOL_NAMES, f"protocols must be among {', '.join(PROTOCOL_NAMES)}, got '{name}'")
         _check(all(_number(x) and x > 0 for x in self.lr_grid), f"lr_grid must be positive numbers, got {self.lr_grid}")
         _check(all(t in self.targets for t in self.lr_targets),
                f"lr_targets must be among the targets {list(self.targets)}, got {list(self.lr_targets)}")

@@ -13,6 +13,8 @@ import re
 
 import pytest
 
+from bsi.config import PRESETS
+
 from bsi.cli import COMMANDS, build_parser, crash_message, is_out_of_memory, main, memory_advice
 
 TINY = "tiny-random-llama"
@@ -29,7 +31,7 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         (["--preset", "smoke"], "--out DIR is required"),
         (["--rounds", "many"], "--rounds must be a whole number, got 'many'"),
         (["--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N"),
-        (["--preset", "fast"], "--preset must be one of smoke, default, quality, sweep-cpu, text, paper-scale, got 'fast'"),
+        (["--preset", "fast"], f"--preset must be one of {', '.join(PRESETS)}, got 'fast'"),
         (["--batchsize", "4"], "unrecognized arguments: --batchsize 4 (did you mean --batch-size?)"),
         (["--resume", "{tmp}/nothing"], "nothing to resume"),
     ],
@@ -57,14 +59,14 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         ([], "the following arguments are required: --model"),
     ],
     "presets": [
-        (["fast"], "PRESET must be one of smoke, default, quality, sweep-cpu, text, paper-scale, got 'fast'"),
+        (["fast"], f"PRESET must be one of {', '.join(PRESETS)}, got 'fast'"),
         (["default", "quality"], "unrecognized arguments: quality"),
         (["--json"], "unrecognized arguments: --json"),
     ],
     "sweep": [
-        (["--methods", "svd,magic", "--out", "{tmp}/sweep"], "unknown method 'magic'"),
+        (["--methods", "svd,magic", "--out", "{tmp}/sweep"], "--methods must be among svd, svd-llm, fwsvd, asvd, basel, bsi-grad, bsi, got 'magic'"),
         (["--targets", "1.5", "--out", "{tmp}/sweep"], "--targets must be numbers in (0, 1]"),
-        (["--allocation", "best", "--out", "{tmp}/sweep"], "--allocation must be one of uniform, sensitivity"),
+        (["--allocation", "best", "--out", "{tmp}/sweep"], "--allocation must be one of published, uniform, sensitivity"),
         (["--dtype", "fp16", "--out", "{tmp}/sweep"], f"--dtype must be one of {DTYPES}"),
         (["--rounds", "0", "--out", "{tmp}/sweep"], "--rounds must be an integer >= 1, got 0"),
     ],

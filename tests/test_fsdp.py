@@ -125,21 +125,22 @@ SWEEP = textwrap.dedent('''
     import torch
     torch.set_num_threads(1)
     from bsi.config import make_config
-    from bsi.pipeline.methods import BaselineConfig
+    from bsi.config import SweepConfig
     from bsi.pipeline.sweep import CellReport, Sweep
-    from bsi.reports import DoneReport
+    from bsi.reports import EvalReport, SizeReport
 
     folder = sys.argv[1]
     config = make_config("smoke", {"eval_examples": 4, "max_new_tokens": 8, "fsdp": True,
                                    "finetune": {"steps": 2}, "recover": {"steps": 2}})
-    baseline = BaselineConfig(allocation="sensitivity", sensitivity_shares=(0.3, 0.6, 0.9), sensitivity_batches=1)
-    sweep = Sweep(config, ["svd", "basel"], [0.6], os.path.join(folder, "sweep"), baseline,
-                  speed_tokens=4, speed_repeats=1)
+    settings = SweepConfig(methods=("svd", "basel"), targets=(0.6,), speed_repeats=1, speed_tokens=4,
+                           baseline={"allocation": "sensitivity", "sensitivity_shares": (0.3, 0.6, 0.9)})
+    sweep = Sweep(config, settings, os.path.join(folder, "sweep"))
     cells, rows = [], []
     for report in sweep.run():
-        if isinstance(report, DoneReport):
-            s = report.summary
-            cells.append({k: s[k] for k in ("method", "ranks", "params_after", "metrics_before", "metrics_after")})
+        if isinstance(report, SizeReport):
+            cells.append({"params": report.params_total, "compressible": report.params_compressible})
+        if isinstance(report, EvalReport) and report.when == "recovered":
+            cells[-1].update(accuracy=report.accuracy, loss=round(report.loss, 5))
         if isinstance(report, CellReport):
             rows.append(report.row)
     with open(os.path.join(folder, f"rank{sweep.dist.rank}.json"), "w") as f:
@@ -150,11 +151,10 @@ SWEEP = textwrap.dedent('''
 def test_sweep_on_two_processes_gives_the_same_cells_on_both(tmp_path):
     run_two_processes(SWEEP, [str(tmp_path)], tmp_path / "cache", tmp_path)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    # What each process computed itself: the same ranks, sizes and metrics in every cell ...
-    assert [c["method"] for c in ranks[0]["cells"]] == ["svd", "basel"]
-    assert ranks[0]["cells"] == ranks[1]["cells"]
-    assert all(c["metrics_after"] is not None for c in ranks[0]["cells"])
-    assert ranks[0]["cells"][0]["ranks"] != ranks[0]["cells"][1]["ranks"]  # two methods, two allocations
+    # What each process computed itself: the same sizes and metrics in every cell ...
+    assert len(ranks[0]["cells"]) == 2 and ranks[0]["cells"] == ranks[1]["cells"]
+    assert all("loss" in c for c in ranks[0]["cells"])
+    assert ranks[0]["cells"][0]["params"] != ranks[0]["cells"][1]["params"]  # two methods, two allocations
     # ... and one writer: rank 0's rows (with its speed timings) are the file's and every process's.
     assert ranks[0]["rows"] == ranks[1]["rows"] and all("speedup" in row for row in ranks[0]["rows"])
     written = [json.loads(line) for line in (tmp_path / "sweep" / "results.jsonl").read_text().splitlines()]

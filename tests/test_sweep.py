@@ -172,14 +172,14 @@ def test_sweep_flags_and_the_preset_set_the_study(tmp_path, isolated_cache):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--methods", "svd,pca"], "method must be one of"),
-    (["--targets", "0.5,1.5"], "targets must be numbers in (0, 1]"),
+    (["--methods", "svd,pca"], "--methods must be among"),
+    (["--targets", "0.5,1.5"], "--targets must be numbers in (0, 1]"),
     (["--targets", "0.5,0.5"], "duplicates"),
     (["--seeds", "0,0"], "seeds must be distinct"),
     (["--seeds", "one"], "--seeds must be comma-separated int values"),
-    (["--protocols", "mine"], "protocol must be one of"),
+    (["--protocols", "mine"], "--protocols must be among tuned, paper"),
     (["--lr-grid", "1e-3"], "needs a validation set"),
-    (["--lr-grid", "1e-3", "--validation-size", "4", "--lr-targets", "0.3"], "lr_targets must be among the targets"),
+    (["--lr-grid", "1e-3", "--validation-size", "4", "--lr-targets", "0.3"], "--lr-targets must be among the targets"),
     (["--extra-targets", "bsi=0.1"], "--extra-targets takes METHOD:RATIO"),
 ])
 def test_sweep_bad_inputs_give_one_line(tmp_path, capsys, args, message):

@@ -89,6 +89,7 @@ def parse_extra_targets(text: str) -> dict[str, list[float]]:
 def settings_from_args(args: argparse.Namespace):
     """The study's :class:`~bsi.config.SweepConfig`: the preset's sweep settings, then the flags given."""
     from bsi.config import make_sweep_config
+    from bsi.errors import BSIError
     from bsi.pipeline.sweep import parse_list
 
     given: dict = {}
@@ -111,7 +112,11 @@ def settings_from_args(args: argparse.Namespace):
     if args.also_unrecovered is not None:
         given["also_unrecovered"] = args.also_unrecovered
     preset = None if args.config else (args.preset or "default")
-    settings = make_sweep_config(preset, given)
+    try:
+        settings = make_sweep_config(preset, given)
+    except BSIError as err:  # "targets must be ..." -> "--targets must be ..." when the flag gave it
+        field = str(err).split(" ", 1)[0]
+        raise BSIError("--" + str(err).replace("_", "-", 1) if field in given else str(err)) from None
     baseline = dict(settings.baseline)
     if args.alpha is not None:
         baseline["alpha"] = args.alpha

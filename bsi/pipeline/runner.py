@@ -420,13 +420,13 @@ class Pipeline:
                                          for p in (layer.sigma, layer.aux_u, layer.aux_v))
         try:
             for report in self._limit_skips(compressor.run()):
-                yield report
-                if isinstance(report, RoundReport):
+                if isinstance(report, RoundReport):  # saved before anyone sees it: a consumer may stop here
                     self.rounds.append(report)
                     self.round_log.append(compact_round(report))
                     self.checkpoint(compressor, stream)
-                    if report.stop is not None:
-                        yield size_report(self.model, report.stop)
+                yield report
+                if isinstance(report, RoundReport) and report.stop is not None:
+                    yield size_report(self.model, report.stop)
         finally:
             for hook in hooks:
                 hook.remove()

@@ -250,9 +250,9 @@ class Sweep:
     def done(self) -> set[str]:
         return {row_key(r) for r in self.rows}
 
-    def config_for(self, seed: int, method: str, protocol: str) -> PipelineConfig:
-        """The pipeline settings of one run: the seed, all of the method's sizes, the protocol's settings."""
-        sizes = self.settings.targets_of(method)
+    def config_for(self, seed: int, method: str, protocol: str, sizes: Sequence[float] | None = None) -> PipelineConfig:
+        """The pipeline settings of one run: the seed, the sizes (default: all of the method's), the protocol's settings."""
+        sizes = sorted(sizes or self.settings.targets_of(method), reverse=True)
         data = self.config.to_dict() | {"seed": seed}
         data["compress"] = data["compress"] | {"size_mode": "target", "target_ratio": sizes[-1], "stops": list(sizes[:-1])}
         score = getattr(get_method(method), "score", None)
@@ -303,8 +303,13 @@ class Sweep:
                 if key not in missing:
                     row = next(r for r in self.rows if row_key(r) == name)
                     yield CellReport(position[name], len(cells), row, skipped=True)
-            if missing:
-                yield from self._run(seed, method, protocol, missing, lambda key: position[keys[key]], len(cells))
+            # bases sharded across processes cannot be copied mid-path: one run per size then
+            sharded = self.config.fsdp and self.dist.enabled
+            groups = [{k for k in missing if k[0] == t} for t in sorted({t for t, _ in missing}, reverse=True)] \
+                if sharded else ([missing] if missing else [])
+            for group in groups:
+                yield from self._run(seed, method, protocol, group, lambda key: position[keys[key]], len(cells),
+                                     own_run=sharded)
                 self.write()
         self.dist.barrier()  # the files are complete when any process returns
 
@@ -325,18 +330,20 @@ class Sweep:
         self.rows.insert(sum(r["method"] == REFERENCE for r in self.rows), row)
         self.write()
 
-    def _run(self, seed: int, method: str, protocol: str, missing: set[tuple[float, bool]], index, total: int
-             ) -> Iterator[Report | CellReport | LearningRateReport]:
+    def _run(self, seed: int, method: str, protocol: str, missing: set[tuple[float, bool]], index, total: int, *,
+             own_run: bool = False) -> Iterator[Report | CellReport | LearningRateReport]:
         """One method's run: compress through every size, then evaluate each missing model of each size.
 
         ``missing`` holds ``(target, recovered)`` pairs: the model before
         recovery (``recovered`` False, with ``also_unrecovered``) is evaluated
         on a copy, exported exactly as recovery would export it, then the
-        size is recovered and evaluated.
+        size is recovered and evaluated. ``own_run``: the run compresses to
+        the missing sizes only (one run per size when the bases are sharded).
         """
         targets = sorted({t for t, _ in missing}, reverse=True)
-        pipeline = Pipeline(self.config_for(seed, method, protocol), cache_dir=self.cache_dir, method=method,
-                            baseline=self.baseline, reference=self.dense[seed])
+        config = self.config_for(seed, method, protocol, targets if own_run else None)
+        pipeline = Pipeline(config, cache_dir=self.cache_dir, method=method, baseline=self.baseline,
+                            reference=self.dense[seed])
         yield from pipeline.reference_stage()
         label = f"{method} ({protocol})" if method in ENGINE_METHODS else method
         yield StageReport("compress", "start", label)
@@ -345,7 +352,8 @@ class Sweep:
         for report in pipeline.compress():
             yield report
             if isinstance(report, SizeReport) and report.target in targets:
-                snapshots[report.target] = copy.deepcopy(pipeline.model)
+                last = report.target == config.compress.target_ratio  # the run ends here: no copy needed
+                snapshots[report.target] = pipeline.model if last else copy.deepcopy(pipeline.model)
         compress_seconds = time.perf_counter() - start
         yield StageReport("compress", "end")
         first_seed = seed == self.settings.seeds[0]
