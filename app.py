@@ -32,6 +32,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    from bsi.runtime import keep_freed_memory
+
+    keep_freed_memory()  # reuse freed tensor memory instead of faulting it in again (see bsi.runtime)
     if args.threads:
         import torch
 

@@ -29,6 +29,7 @@ from bsi.config import make_config  # noqa: E402
 from bsi.files import atomic_write_json  # noqa: E402
 from bsi.pipeline.methods import BaselineConfig  # noqa: E402
 from bsi.pipeline.runner import Pipeline  # noqa: E402
+from bsi.runtime import keep_freed_memory  # noqa: E402
 from bsi.reports import DoneReport  # noqa: E402
 
 #: (label, method, compress overrides, baseline overrides, the row it is compared with)
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated labels' first words to run (default: every row)")
     p.add_argument("--out", required=True, help="folder for deviations.json (finished rows are kept and skipped)")
     args = p.parse_args(argv)
+    keep_freed_memory()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "deviations.json"

@@ -30,6 +30,7 @@ from bsi.config import make_config  # noqa: E402
 from bsi.files import atomic_write_json  # noqa: E402
 from bsi.pipeline.evaluate import dataset_loss  # noqa: E402
 from bsi.pipeline.runner import Pipeline  # noqa: E402
+from bsi.runtime import keep_freed_memory  # noqa: E402
 from bsi.reports import RoundReport  # noqa: E402
 
 DEFAULT_LAYERS = ("model.layers.4.self_attn.q_proj", "model.layers.15.mlp.down_proj")
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
     p.add_argument("--out", required=True, help="folder for ranking.json")
     args = p.parse_args(argv)
+    keep_freed_memory()
 
     config = make_config(args.preset, {"seed": args.seed, "validation_size": args.held_out, "eval_examples": 0,
                                        "recover": {"steps": 0},

@@ -645,6 +645,8 @@ class SweepConfig(_JsonConfig):
     protocols: tuple[str, ...] = option(("tuned",), "protocols of the engine methods (see PROTOCOLS)")
     protocol_settings: dict = option(default_factory=dict, help="per protocol, pipeline settings its engine runs "
                                                                 "need on top (e.g. a longer schedule for paper)")
+    protocol_targets: dict = option(default_factory=dict, help="per protocol, the only targets its engine methods "
+                                                               "run at (default: every target)")
     lr_grid: tuple[float, ...] = option((), "recovery learning rates to choose from by validation loss (empty: "
                                             "the recover section's lr for every method)")
     lr_targets: tuple[float, ...] = option((), "targets where the learning rate is chosen, on the first seed "
@@ -665,6 +667,7 @@ class SweepConfig(_JsonConfig):
         self.lr_grid = tuple(float(x) for x in self.lr_grid)
         self.lr_targets = tuple(float(x) for x in self.lr_targets)
         self.extra_targets = {m: tuple(float(t) for t in ts) for m, ts in dict(self.extra_targets).items()}
+        self.protocol_targets = {p: tuple(float(t) for t in ts) for p, ts in dict(self.protocol_targets).items()}
         _check(bool(self.methods), f"name at least one method: {', '.join(METHOD_NAMES)}")
         for name in self.methods:
             _check(name in METHOD_NAMES, f"methods must be among {', '.join(METHOD_NAMES)}, got '{name}'")
@@ -678,7 +681,10 @@ class SweepConfig(_JsonConfig):
         _check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds),
                f"seeds must be distinct integers, got {list(self.seeds)}")
         _check(bool(self.protocols), "name at least one protocol")
-        for name in (*self.protocols, *self.protocol_settings):
+        for name, ts in self.protocol_targets.items():
+            _check(bool(ts) and all(t in self.targets for t in ts),
+                   f"protocol_targets of {name} must be among the targets {list(self.targets)}, got {list(ts)}")
+        for name in (*self.protocols, *self.protocol_settings, *self.protocol_targets):
             _check(name in PROTOCOL_NAMES, f"protocols must be among {', '.join(PROTOCOL_NAMES)}, got '{name}'")
         _check(all(_number(x) and x > 0 for x in self.lr_grid), f"lr_grid must be positive numbers, got {self.lr_grid}")
         _check(all(t in self.targets for t in self.lr_targets),
@@ -688,8 +694,10 @@ class SweepConfig(_JsonConfig):
         _check(_integer(self.speed_repeats) and self.speed_repeats >= 0, f"speed_repeats must be >= 0, got {self.speed_repeats}")
         _check(_integer(self.speed_tokens) and self.speed_tokens >= 2, f"speed_tokens must be >= 2, got {self.speed_tokens}")
 
-    def targets_of(self, method: str) -> tuple[float, ...]:
-        """The sizes ``method`` is run at, largest first."""
+    def targets_of(self, method: str, protocol: str | None = None) -> tuple[float, ...]:
+        """The sizes ``method`` is run at (under ``protocol``, for an engine method), largest first."""
+        if method in ENGINE_METHODS and protocol in self.protocol_targets:
+            return tuple(sorted(self.protocol_targets[protocol], reverse=True))
         return tuple(sorted({*self.targets, *self.extra_targets.get(method, ())}, reverse=True))
 
     def lr_target_for(self, target: float) -> float:
@@ -703,9 +711,11 @@ class SweepConfig(_JsonConfig):
 #: What ``bsi sweep --preset NAME`` sets beyond the pipeline preset (fields of :class:`SweepConfig`).
 SWEEP_PRESETS: dict[str, dict[str, Any]] = {
     "sweep-cpu": {"targets": (0.6, 0.4, 0.25)},
+    # The published engine settings collapse on this model already at 0.6 with a CPU-sized schedule (their
+    # schedule search and its cost: docs/benchmarks.md), so the study runs them at the three mildest sizes.
     "study": {"targets": (0.6, 0.4, 0.25, 0.15, 0.1, 0.05), "extra_targets": {"bsi": (0.02,), "basel": (0.02,)},
-              "seeds": (0, 1, 2), "protocols": ("tuned", "paper"), "lr_grid": (2e-5, 1e-4, 5e-4),
-              "lr_targets": (0.4, 0.1)},
+              "seeds": (0, 1, 2), "protocols": ("tuned", "paper"), "protocol_targets": {"paper": (0.6, 0.4, 0.25)},
+              "lr_grid": (2e-5, 1e-4, 5e-4), "lr_targets": (0.4, 0.1)},
     "study-quick": {"targets": (0.4, 0.15, 0.05), "extra_targets": {"bsi": (0.02,), "basel": (0.02,)},
                     "seeds": (0,), "protocols": ("tuned",), "lr_grid": (2e-5, 1e-4, 5e-4), "lr_targets": (0.15,)},
     "text": {"targets": (0.8, 0.6, 0.4), "also_unrecovered": True},  # every method (the default)

@@ -218,3 +218,34 @@ def test_svd_family_needs_a_target_and_unknown_methods_are_named(isolated_cache)
         get_method("pca")
     with pytest.raises(BSIError, match="allocation"):
         BaselineConfig(allocation="greedy")
+
+
+def test_suffix_loss_equals_the_full_forward_with_the_changed_layer(isolated_cache):
+    """Running only the blocks from the changed layer's on gives the loss of the whole model, and falls back when
+    the name is outside the blocks."""
+    from bsi.data import BatchStream, load_task
+    from bsi.method.surgery import to_basis_form
+    from bsi.pipeline.baselines import SuffixLoss
+
+    model, tokenizer = load_model_and_tokenizer("tiny-random-llama")
+    task = load_task("embedded-math", test_size=2, train_size=8, seed=0)
+    stream = BatchStream(task.train, tokenizer, batch_size=4, max_length=96, seed=0)
+    batches = [next(stream), next(stream)]
+    layers = to_basis_form(model, aux_rank=0)
+    suffix = SuffixLoss(model, batches, answer_token_loss)
+    assert len(suffix.inputs) == 2  # the decoder layout was recognised: block inputs recorded per batch
+
+    def full() -> float:
+        with torch.no_grad():
+            return sum(float(answer_token_loss(model, b)) for b in batches) / 2
+
+    untouched = full()
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"):
+        saved = layers[name].sigma.detach().clone()
+        with torch.no_grad():
+            layers[name].sigma[2:] = 0  # truncate this layer only: the recorded inputs are the untouched model's
+        truncated = full()
+        assert suffix(name) == pytest.approx(truncated, rel=1e-5) and truncated != pytest.approx(untouched, rel=1e-6)
+        with torch.no_grad():
+            layers[name].sigma.copy_(saved)
+    assert suffix(None) == pytest.approx(full(), rel=1e-6) and suffix("lm_head") == pytest.approx(full(), rel=1e-6)

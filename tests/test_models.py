@@ -177,3 +177,12 @@ def test_embedded_model_converts_once_then_loads_from_cache(tmp_path):
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
     assert reloaded_tokenizer.chat_template == tokenizer.chat_template
     assert torch.equal(_logits(model, tokenizer), _logits(reloaded, reloaded_tokenizer))
+
+
+def test_keep_freed_memory_takes_effect_on_linux_and_can_be_repeated():
+    import sys
+
+    from bsi.runtime import keep_freed_memory
+
+    assert keep_freed_memory() is sys.platform.startswith("linux")
+    assert keep_freed_memory() is sys.platform.startswith("linux")

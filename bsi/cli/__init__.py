@@ -258,7 +258,10 @@ def crash_message(err: BaseException, flags: set[str], saved_to: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``bsi`` command; returns the exit status."""
+    from bsi.runtime import keep_freed_memory
+
     _quiet_libraries()
+    keep_freed_memory()  # big tensors come and go all the time: reuse their memory (see bsi.runtime)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser = None
     try:

@@ -314,14 +314,82 @@ def fisher_row_information(model: nn.Module, modules: Mapping[str, nn.Module], b
     return sums
 
 
+class SuffixLoss:
+    """The answer-token loss on fixed batches when one layer changes, running only the blocks from that layer's on.
+
+    ASVD's sensitivity search evaluates the loss once per layer and share with
+    only that layer truncated. Everything before the layer's transformer block
+    computes exactly what it did, so the block's inputs are recorded once per
+    batch (one full forward pass) and each evaluation runs the rest: on
+    average half the model. This needs the usual decoder layout
+    (``model.model.layers``, ``model.model.norm``, ``model.lm_head``); any
+    other model, or a layer outside the blocks, gets a full forward pass.
+
+    Call as ``loss(layer_name)``: the mean over the batches of the
+    answer-token loss, as :data:`bsi.pipeline.losses.answer_token_loss`
+    computes it.
+    """
+
+    def __init__(self, model: nn.Module, batches: Sequence[dict], loss_fn: Callable[[nn.Module, dict], torch.Tensor]) -> None:
+        self.model, self.batches, self.loss_fn = model, list(batches), loss_fn
+        decoder = getattr(model, "model", None)
+        self.blocks = getattr(decoder, "layers", None)
+        self.norm = getattr(decoder, "norm", None)
+        self.head = getattr(model, "lm_head", None)
+        self.inputs: list[list[tuple[tuple, dict]]] = []  # per batch, per block: the block's (args, kwargs)
+        if self.blocks is not None and self.norm is not None and self.head is not None:
+            self._record()
+
+    def _record(self) -> None:
+        device = next(self.model.parameters()).device
+        for batch in self.batches:
+            seen: list[tuple[tuple, dict]] = []
+            hooks = [block.register_forward_pre_hook(lambda m, a, k: seen.append((a, k)), with_kwargs=True)
+                     for block in self.blocks]
+            try:
+                with torch.inference_mode():
+                    self.model(input_ids=batch["input_ids"].to(device), use_cache=False,
+                               attention_mask=batch["attention_mask"].to(device) if "attention_mask" in batch else None)
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            if len(seen) != len(self.blocks):  # blocks not called once each: not the layout assumed
+                self.inputs = []
+                return
+            self.inputs.append(seen)
+
+    def __call__(self, layer: str | None = None) -> float:
+        from bsi.method.names import layer_block
+        from bsi.data import IGNORE_INDEX
+
+        block = layer_block(layer) if layer is not None else None
+        if not self.inputs or block is None or not 0 <= block < len(self.blocks):
+            with torch.inference_mode():
+                return sum(float(self.loss_fn(self.model, b)) for b in self.batches) / len(self.batches)
+        total = 0.0
+        with torch.inference_mode():
+            for batch, recorded in zip(self.batches, self.inputs):
+                hidden = recorded[block][0][0]  # (B, T, d): the block's input, as the full pass gave it
+                for index in range(block, len(self.blocks)):
+                    args, kwargs = recorded[index]  # the rest of the block's inputs: masks, positions
+                    out = self.blocks[index](hidden, *args[1:], **kwargs)
+                    hidden = out[0] if isinstance(out, tuple) else out
+                labels = batch["labels"].to(hidden.device)
+                keep = labels[:, 1:] != IGNORE_INDEX  # (B, T-1): position t predicts token t+1
+                logits = self.head(self.norm(hidden)[:, :-1][keep]).float()  # (N, V)
+                total += float(torch.nn.functional.cross_entropy(logits, labels[:, 1:][keep]))
+        return total / len(self.batches)
+
+
 def truncation_sensitivity(model: nn.Module, layers: Mapping[str, BasisLinear], shares: Sequence[float],
-                           loss_of: Callable[[], float]) -> Generator[StepReport, None, dict[str, dict[float, float]]]:
+                           loss_of: Callable[[str], float]) -> Generator[StepReport, None, dict[str, dict[float, float]]]:
     """ASVD's sensitivity table: the loss with one layer at a time cut to each share of its size.
 
     ``layers`` already hold the bases to truncate (sorted, most important
     first). Cutting is done by zeroing sigma beyond the rank and restoring it,
-    so the model is unchanged afterwards. Yields a StepReport per layer;
-    returns ``{name: {share: loss}}``.
+    so the model is unchanged afterwards. ``loss_of(name)`` is the loss with
+    layer ``name`` changed (:class:`SuffixLoss`). Yields a StepReport per
+    layer; returns ``{name: {share: loss}}``.
     """
     table: dict[str, dict[float, float]] = {}
     start = _now()
@@ -334,7 +402,7 @@ def truncation_sensitivity(model: nn.Module, layers: Mapping[str, BasisLinear], 
                                                   - shape.aux_rank)))
             with torch.no_grad():
                 layer.sigma[rank:] = 0
-            row[float(share)] = loss_of()
+            row[float(share)] = loss_of(name)
             with torch.no_grad():
                 layer.sigma.copy_(saved)
         table[name] = row

@@ -54,6 +54,7 @@ from bsi.pipeline.baselines import (
     fisher_row_information,
     fisher_row_weights,
     input_statistics,
+    SuffixLoss,
     sensitivity_ranks,
     truncation_sensitivity,
     uniform_ranks,
@@ -82,7 +83,7 @@ class BaselineConfig:
             uniform for the others), ``uniform`` (every layer keeps the same
             share of its size) or ``sensitivity`` (ASVD's loss-driven
             allocation: one loss evaluation per layer and share).
-        sensitivity_shares: the shares of a layer's size ``sensitivity`` tries;
+        sensitivity_shares: the shares of a layer's size ``sensitivity`` tries (one loss evaluation each, per layer);
             a target below the smallest share cannot be reached by it.
         sensitivity_batches: batches the sensitivity loss is measured on.
         fisher: FWSVD's information, ``example`` (per-example squared
@@ -93,7 +94,7 @@ class BaselineConfig:
 
     alpha: float = 0.5
     allocation: str = "published"
-    sensitivity_shares: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75)
+    sensitivity_shares: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.4, 0.7)
     sensitivity_batches: int = 1
     fisher: str = "example"
     aux_rank: int = 0
@@ -223,20 +224,20 @@ class TruncationMethod:
             yield size_report(pipeline.model, target)
 
 
-def calibration_loss(pipeline: "Pipeline") -> Callable[[], float]:
-    """A closure: mean answer-token loss on a few fixed training batches (no gradient).
+def calibration_loss(pipeline: "Pipeline") -> Callable[[str | None], float]:
+    """``loss(layer)``: mean answer-token loss on a few fixed training batches with layer ``layer`` changed.
 
+    Only the blocks from that layer's on run again (:class:`bsi.pipeline.baselines.SuffixLoss`).
     Under several processes each measures on its own batches and the mean of
     all of them is returned everywhere, so that every process allocates the
     same ranks (a collective: all call it together).
     """
     stream = pipeline.stream(5)
-    batches = [next(stream) for _ in range(pipeline.baseline.sensitivity_batches)]
+    suffix = SuffixLoss(pipeline.model, [next(stream) for _ in range(pipeline.baseline.sensitivity_batches)],
+                        answer_token_loss)
 
-    def loss() -> float:
-        with torch.inference_mode():
-            mine = sum(float(answer_token_loss(pipeline.model, b)) for b in batches) / len(batches)
-        return pipeline.dist.mean(mine)
+    def loss(layer: str | None = None) -> float:
+        return pipeline.dist.mean(suffix(layer))
 
     return loss
 

@@ -169,9 +169,10 @@ class Sweep:
 
     def fingerprint(self) -> str:
         """Hash of everything but the grid (methods, targets, seeds, protocols may grow): other settings, other sweep."""
-        grid = ("methods", "targets", "extra_targets", "seeds", "protocols", "speed_repeats", "speed_tokens",
-                "also_unrecovered")
+        grid = ("methods", "targets", "extra_targets", "seeds", "protocols", "protocol_targets", "speed_repeats",
+                "speed_tokens", "also_unrecovered")
         settings = {k: v for k, v in self.settings.to_dict().items() if k not in grid}
+        settings["baseline"] = self.baseline.to_dict()  # resolved: a changed default is another sweep
         config = self.config.to_dict() | {"seed": None, "preset": None}
         if not self.is_text:  # the text settings change nothing else (and sweeps made before them keep their hash)
             for key in TEXT_SETTINGS:
@@ -245,14 +246,14 @@ class Sweep:
 
     def cells(self) -> list[str]:
         return [cell_key(p, m, t, s, r and self.config.recover.steps > 0) for s, m, p in self.runs()
-                for t in self.settings.targets_of(m) for r in self.variants]
+                for t in self.settings.targets_of(m, p) for r in self.variants]
 
     def done(self) -> set[str]:
         return {row_key(r) for r in self.rows}
 
     def config_for(self, seed: int, method: str, protocol: str, sizes: Sequence[float] | None = None) -> PipelineConfig:
         """The pipeline settings of one run: the seed, the sizes (default: all of the method's), the protocol's settings."""
-        sizes = sorted(sizes or self.settings.targets_of(method), reverse=True)
+        sizes = sorted(sizes or self.settings.targets_of(method, protocol), reverse=True)
         data = self.config.to_dict() | {"seed": seed}
         data["compress"] = data["compress"] | {"size_mode": "target", "target_ratio": sizes[-1], "stops": list(sizes[:-1])}
         score = getattr(get_method(method), "score", None)
@@ -294,7 +295,7 @@ class Sweep:
                 yield from self._reference(seed)
         recovers = self.config.recover.steps > 0
         for seed, method, protocol in self.runs():
-            targets = self.settings.targets_of(method)
+            targets = self.settings.targets_of(method, protocol)
             keys = {(t, v): cell_key(protocol, method, t, seed, v and recovers)
                     for t in targets for v in self.variants}
             done = self.done()
