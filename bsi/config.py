@@ -574,7 +574,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "compress": {"rounds": 24, "iters_per_epoch": 72, "sampling_ratio": 0.34, "aux_rank": 2},
         "recover": {"steps": 16, "lr": 1e-4, "warmup_steps": 2},
     },
-    # The same on fewer sizes and one seed (about 45 minutes on 2 cores): `bsi sweep --preset study-quick`.
+    # The same on fewer sizes and one seed (80 minutes on 2 cores, 2026-11-25): `bsi sweep --preset study-quick`.
     "study-quick": {
         **_EMBEDDED_CPU,
         "test_size": 500, "eval_examples": 300, "eval_loss_examples": 500, "eval_batch_size": 50,
@@ -582,8 +582,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "compress": {"rounds": 16, "iters_per_epoch": 48, "sampling_ratio": 0.34, "aux_rank": 2},
         "recover": {"steps": 16, "lr": 1e-4, "warmup_steps": 2},
     },
-    # Language modelling on the embedded model (2 CPU cores, about 11 min with an uncached fine-tune; count in
-    # docs/cli.md): WikiText-2 (packaged, tokenized release), windows of 128 tokens, perplexity on the first 256
+    # Language modelling on the embedded model (2 CPU cores, 14 min 32 s with an uncached fine-tune; measured in
+    # docs/benchmarks.md): WikiText-2 (packaged, tokenized release), windows of 128 tokens, perplexity on the first 256
     # windows of test.txt. `bsi sweep` adds every method at 0.8, 0.6 and 0.4, with and without recovery.
     "text": {
         "data": "wikitext-2",

@@ -303,7 +303,9 @@ def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figu
     what = "Perplexity and mean next-token loss" if text else "Accuracy and loss"
     unit = "held-out windows" if text else "problems"
     fig.update_layout(title=f"{what} against model size, 95% bootstrap bands ({unit} of every seed)",
-                      template="plotly_white", height=420 * len(chosen) + 80, legend=dict(orientation="h", y=-0.08))
+                      template="plotly_white", height=420 * len(chosen) + 120, margin=dict(b=110),
+                      # below the axis titles of the last row (paper units shrink as rows are added)
+                      legend=dict(orientation="h", yanchor="top", y=-0.16 / len(chosen)))
     return fig
 
 
