@@ -76,7 +76,7 @@ class NotebookSettings:
     eps_values: tuple[float, ...] = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 0.5)
     spectrum_k: int = 32  # notebook 04: size of each layer's exact Hessian block
     spectrum_layers: int = 3  # notebook 04: layers whose spectrum is computed
-    preset: str = "default"  # notebook 03's run
+    preset: str = "demo"  # notebook 03's run (the quick demo; `default` is the 12-minute best trade)
     work: dict = field(default_factory=lambda: {"eval_examples": 16})
     sweep_preset: str = "sweep-cpu"  # notebook 05's runs (the same stage 1 as ``preset``, so its cache is shared)
     sweep_work: dict = field(default_factory=lambda: {"eval_examples": 16, "compress": {"calibration_batches": 8}})

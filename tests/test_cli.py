@@ -148,3 +148,19 @@ def test_speed_table_uses_one_stated_definition():
     table = study_markdown(stats)
     assert "| `bsi` | 2.50 ms (1.60x) |" in table  # dense 4.0 ms / 2.5 ms
     assert "1000 / ms/token" in table  # the definition is stated above the table
+
+
+def test_text_table_prints_a_collapsed_models_perplexity_readably():
+    """A perplexity of 2e7 prints as 2.06e+07, and bsi's tiny ratio to it as 1.5e-06, not 20593155.2 and 0.000."""
+    from bsi.analysis.stats import Outcomes
+    from bsi.analysis.study import study_markdown, study_stats
+
+    rows = [{"method": m, "protocol": "tuned", "target": 0.5, "seed": 0, "params_total": 1e6, "compression_ratio": 1.5,
+             "outcomes": m, "perplexity": 1.0} for m in ("bsi", "svd")]
+    nll = {"bsi": (3.0, 3.2, 3.1, 3.3), "svd": (16.8, 16.9, 16.7, 16.85)}  # per window, 1 token each
+    stats = study_stats(rows, lambda r: Outcomes((None,) * 4, nll[r["outcomes"]], (1,) * 4), ["tuned"], resamples=200)
+    table = study_markdown(stats)
+    svd_row = next(line for line in table.splitlines() if line.startswith("| `svd` |"))
+    assert "e+07 [" in svd_row and "." in svd_row.split("e+07")[0][-4:]  # 2.0xe+07, 3 significant digits
+    ratio_row = [line for line in table.splitlines() if line.startswith("| `svd` |")][-1]
+    assert "e-06" in ratio_row and "0.000" not in ratio_row  # exp(3.15 - 16.81) = 1.2e-06

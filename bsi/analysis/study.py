@@ -176,8 +176,9 @@ def _pct(value: float) -> str:
 def _interval(entry: Mapping[str, Any], scale: float, digits: int, signed: bool = False) -> str:
     if not math.isfinite(entry["estimate"]):
         return "-"
-    fmt = f"{{:{'+' if signed else ''}.{digits}f}}"
-    text = f"{fmt.format(scale * entry['estimate'])} [{fmt.format(scale * entry['low'])}, {fmt.format(scale * entry['high'])}]"
+    values = [scale * entry[key] for key in ("estimate", "low", "high")]
+    fmt = f"{{:{'+' if signed else ''}.{'2e' if abs(values[0]) >= 1e5 else f'{digits}f'}}}"  # a collapsed model's perplexity
+    text = f"{fmt.format(values[0])} [{fmt.format(values[1])}, {fmt.format(values[2])}]"
     return f"**{text}**" if signed and entry.get("excludes_zero") else text
 
 
@@ -206,7 +207,8 @@ def _difference(diff: Mapping[str, Any] | None, text: bool) -> str:
 def _ratio(entry: Mapping[str, Any]) -> str:
     if not math.isfinite(entry["estimate"]):
         return "-"
-    text = f"{entry['estimate']:.3f} [{entry['low']:.3f}, {entry['high']:.3f}]"
+    fmt = "{:.3f}" if entry["estimate"] >= 1e-3 else "{:.1e}"  # a ratio to a collapsed model's perplexity
+    text = f"{fmt.format(entry['estimate'])} [{fmt.format(entry['low'])}, {fmt.format(entry['high'])}]"
     return f"**{text}**" if entry.get("excludes_zero") else text
 
 
