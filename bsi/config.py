@@ -548,7 +548,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # fine-tune cached (docs/benchmarks.md). The dataclasses' own defaults, so that the Python API
     # (PipelineConfig()) and `bsi compress` run the same job. Change a default above, not here.
     "default": {},
-    # The quick demo (the default before 2026-11-25): 1.31x at 75% against 84% in about 4 minutes.
+    # The quick demo (the default until 2026-11-25): 1.31x at 75% against 84% in about 4 minutes.
     "demo": {
         **_EMBEDDED_CPU,
         "compress": {"rounds": 4, "iters_per_epoch": 32, "target_ratio": 0.7},

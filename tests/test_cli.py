@@ -151,7 +151,7 @@ def test_speed_table_uses_one_stated_definition():
 
 
 def test_text_table_prints_a_collapsed_models_perplexity_readably():
-    """A perplexity of 2e7 prints as 2.06e+07, and bsi's tiny ratio to it as 1.5e-06, not 20593155.2 and 0.000."""
+    """A perplexity of 2e7 prints as 2.06e+07, and bsi's tiny ratio to it as 1.2e-06, not 20593155.2 and 0.000."""
     from bsi.analysis.stats import Outcomes
     from bsi.analysis.study import study_markdown, study_stats
 
