@@ -5,7 +5,7 @@
 #
 # Notebooks 01 and 02 took one layer apart. Here the engine runs for real on the
 # whole model: the three-stage pipeline (task fine-tune, compress, recover),
-# driven stage by stage from this notebook with the library's `default` preset
+# driven stage by stage from this notebook with the library's `demo` preset
 # (only with fewer test questions, so that it runs in a few minutes on a CPU).
 # We watch
 #
