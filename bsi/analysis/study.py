@@ -176,10 +176,16 @@ def _pct(value: float) -> str:
 def _interval(entry: Mapping[str, Any], scale: float, digits: int, signed: bool = False) -> str:
     if not math.isfinite(entry["estimate"]):
         return "-"
-    values = [scale * entry[key] for key in ("estimate", "low", "high")]
-    fmt = f"{{:{'+' if signed else ''}.{'2e' if abs(values[0]) >= 1e5 else f'{digits}f'}}}"  # a collapsed model's perplexity
-    text = f"{fmt.format(values[0])} [{fmt.format(values[1])}, {fmt.format(values[2])}]"
+    sign = "+" if signed else ""
+    spec = ".2e" if abs(scale * entry["estimate"]) >= 1e5 else f".{digits}f"  # e-notation: a collapsed model's perplexity
+    text = _estimate_and_bounds(entry, f"{{:{sign}{spec}}}", scale)
     return f"**{text}**" if signed and entry.get("excludes_zero") else text
+
+
+def _estimate_and_bounds(entry: Mapping[str, Any], fmt: str, scale: float = 1.0) -> str:
+    """``estimate [low, high]``, each value times ``scale`` written with ``fmt``."""
+    low, estimate, high = (fmt.format(scale * entry[key]) for key in ("low", "estimate", "high"))
+    return f"{estimate} [{low}, {high}]"
 
 
 def _loss_digits(value: float) -> int:
@@ -207,8 +213,7 @@ def _difference(diff: Mapping[str, Any] | None, text: bool) -> str:
 def _ratio(entry: Mapping[str, Any]) -> str:
     if not math.isfinite(entry["estimate"]):
         return "-"
-    fmt = "{:.3f}" if entry["estimate"] >= 1e-3 else "{:.1e}"  # a ratio to a collapsed model's perplexity
-    text = f"{fmt.format(entry['estimate'])} [{fmt.format(entry['low'])}, {fmt.format(entry['high'])}]"
+    text = _estimate_and_bounds(entry, "{:.3f}" if entry["estimate"] >= 1e-3 else "{:.1e}")  # e: to a collapsed model
     return f"**{text}**" if entry.get("excludes_zero") else text
 
 
