@@ -1,7 +1,7 @@
 """What each of bsi's deviations from the published methods changes, measured one at a time.
 
     python bench/deviations.py --out runs/deviations          # about an hour on 2 cores
-    python bench/deviations.py --preset smoke --out /tmp/d    # seconds, on the tiny model
+    python bench/deviations.py --preset smoke --rounds 2 --out /tmp/d    # seconds, on the tiny model
 
 The ``tuned`` protocol differs from the published BSI in several places
 (:data:`bsi.config.PROTOCOLS`). Each row here runs ``bsi`` at one size with

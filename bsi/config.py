@@ -617,9 +617,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 METHOD_NAMES = ("svd", "svd-llm", "fwsvd", "asvd", "basel", "bsi-grad", "bsi")
-"""Every compression method (:data:`bsi.pipeline.methods.METHODS` holds them; this list needs no torch)."""
+"""The compared methods, a sweep's default (:data:`bsi.pipeline.methods.METHODS` holds them; this list needs no torch)."""
 
-ENGINE_METHODS = ("basel", "bsi-grad", "bsi")
+VARIANT_NAMES = ("bsi-mag",)
+"""Named variants a sweep runs when asked (``--methods bsi,bsi-mag``): not published methods, not in the default."""
+
+ENGINE_METHODS = ("basel", "bsi-grad", "bsi", "bsi-mag")
 """The methods the protocols apply to (the truncation methods are the published ones under every protocol)."""
 
 
@@ -676,11 +679,12 @@ class SweepConfig(_JsonConfig):
         self.lr_targets = tuple(float(x) for x in self.lr_targets)
         self.extra_targets = {m: tuple(float(t) for t in ts) for m, ts in dict(self.extra_targets).items()}
         self.protocol_targets = {p: tuple(float(t) for t in ts) for p, ts in dict(self.protocol_targets).items()}
-        _check(bool(self.methods), f"name at least one method: {', '.join(METHOD_NAMES)}")
+        known = (*METHOD_NAMES, *VARIANT_NAMES)
+        _check(bool(self.methods), f"name at least one method: {', '.join(known)}")
         for name in self.methods:
-            _check(name in METHOD_NAMES, f"methods must be among {', '.join(METHOD_NAMES)}, got '{name}'")
+            _check(name in known, f"methods must be among {', '.join(known)}, got '{name}'")
         for name in self.extra_targets:
-            _check(name in METHOD_NAMES, f"extra_targets must name methods among {', '.join(METHOD_NAMES)}, got '{name}'")
+            _check(name in known, f"extra_targets must name methods among {', '.join(known)}, got '{name}'")
         _check(len(set(self.methods)) == len(self.methods), f"methods has duplicates: {', '.join(self.methods)}")
         _check(bool(self.targets), "name at least one target")
         for t in (*self.targets, *(t for ts in self.extra_targets.values() for t in ts), *self.lr_targets):

@@ -166,6 +166,30 @@ def test_each_method_hits_its_target_size_within_one_percent(name, isolated_cach
     assert summary["params_after"] < summary["params_before"]
 
 
+def test_bsi_mag_keeps_bsi_budgets_and_removes_the_smallest_sigma_inside_each_layer(isolated_cache):
+    """The named variant: round 1 splits the cut across layers exactly as bsi does (same state, same scores);
+    inside every layer it removes the pool's smallest |sigma|, and its config records the choice."""
+    plain, _ = run_method("bsi", 0.4)
+    variant, summary = run_method("bsi-mag", 0.4)
+    assert summary["method"] == "bsi-mag" and variant.config.compress.within_layer == "magnitude"
+    assert plain.config.compress.within_layer == "score"
+    first = {r.name: r for r in plain.rounds[0].layers}
+    assert {r.name: len(r.pruned) for r in variant.rounds[0].layers} == {n: len(r.pruned) for n, r in first.items()}
+    differs = False
+    for report in variant.rounds:
+        for layer in report.layers:
+            if len(layer.pruned) == 0:
+                continue
+            size = layer.sigma.abs()
+            kept = sorted(set(layer.pool.tolist()) - set(layer.pruned.tolist()))
+            assert set(layer.pruned.tolist()) <= set(layer.pool.tolist())
+            if kept:
+                assert size[layer.pruned].max() <= size[kept].min()
+    for n, layer in first.items():
+        differs |= set(layer.pruned.tolist()) != set(next(r for r in variant.rounds[0].layers if r.name == n).pruned.tolist())
+    assert differs  # bsi's score does not order a layer by |sigma| (else the variant would test nothing)
+
+
 def test_sensitivity_allocation_through_the_pipeline(isolated_cache):
     config = make_config("smoke", {"skip_finetune": True, "eval_examples": 0, "recover": {"steps": 0},
                                    "compress": {"target_ratio": 0.3}})

@@ -116,6 +116,23 @@ def test_protocols_give_the_engine_methods_their_settings_and_share_the_truncati
     assert "## Protocol `paper`" in table and "svd bases" in table
 
 
+def test_a_named_variant_joins_an_existing_sweep_as_its_own_engine_method(tmp_path, isolated_cache):
+    """bsi-mag is not in the default methods; named, it runs under the protocol with its within-layer choice,
+    and an earlier sweep folder takes it without re-running what it holds."""
+    assert "bsi-mag" not in SweepConfig().methods
+    out = tmp_path / "s"
+    list(make_sweep(out, methods=("bsi",), targets=(0.5,)).run())
+    grown = make_sweep(out, methods=("bsi", "bsi-mag"), targets=(0.5,))
+    assert grown.config_for(0, "bsi-mag", "tuned").compress.within_layer == "magnitude"
+    assert grown.config_for(0, "bsi", "tuned").compress.within_layer == "score"
+    reports = list(grown.run())
+    ran = [r.row["method"] for r in reports if isinstance(r, CellReport) and not r.skipped]
+    assert ran == ["bsi-mag"]
+    assert sorted((r["method"], r["protocol"]) for r in rows_of(out)) == [
+        ("bsi", "tuned"), ("bsi-mag", "tuned"), ("dense", "dense")]
+    assert "| `bsi-mag` |" in (out / "results.md").read_text()
+
+
 def test_a_folder_with_another_sweep_is_refused(tmp_path, isolated_cache):
     out = tmp_path / "sweep"
     list(make_sweep(out, methods=("svd",), targets=(0.5,)).run())

@@ -13,7 +13,7 @@ import math
 
 from bsi.cli.commands import build_config
 from bsi.cli.flags import add_config_flags, overrides_from_args
-from bsi.config import METHOD_NAMES, PROTOCOL_NAMES
+from bsi.config import METHOD_NAMES, PROTOCOL_NAMES, VARIANT_NAMES
 
 #: set per cell or per run, so not flags of the sweep
 PER_CELL = ("compress.score", "compress.size_mode", "compress.target_ratio", "compress.keep_ratio", "preset",
@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="a JSON PipelineConfig file as the starting configuration instead of --preset "
                                     "(default: none, the preset)")
     p.add_argument("--methods", help=f"comma-separated methods (default: the preset's, {preset_value('methods')}; "
-                                     f"else all: {','.join(METHOD_NAMES)})")
+                                     f"else all: {','.join(METHOD_NAMES)}; named variants, only when named: "
+                                     f"{','.join(VARIANT_NAMES)})")
     p.add_argument("--targets", help="comma-separated target ratios of the compressible layers' parameters, for every "
                                      f"method (default: the preset's, {preset_value('targets')}; else 0.6,0.4,0.25)")
     p.add_argument("--extra-targets", metavar="METHOD:R,...",

@@ -138,14 +138,25 @@ class Method(Protocol):
 # ------------------------------------------------------------ engine methods
 @dataclass(frozen=True)
 class EngineMethod:
-    """One of the engine's scores, run by :meth:`Pipeline.run_engine` (checkpoints, processes and all)."""
+    """One of the engine's scores, run by :meth:`Pipeline.run_engine` (checkpoints, processes and all).
+
+    ``within_layer`` set makes a named variant: the method fixes how each
+    layer chooses its share of a round's cut (``"magnitude"``: the smallest
+    |sigma|), where ``None`` leaves the run's ``within_layer`` setting.
+    """
 
     name: str
     score: str
     description: str
+    within_layer: str | None = None
+
+    @property
+    def compress_settings(self) -> dict[str, str]:
+        """The ``compress`` settings this method fixes; every other one is the run's."""
+        return {"score": self.score} | ({} if self.within_layer is None else {"within_layer": self.within_layer})
 
     def compress(self, pipeline: "Pipeline") -> Iterator["Report"]:
-        yield from pipeline.run_engine(score=self.score)
+        yield from pipeline.run_engine(**self.compress_settings)
 
 
 # ---------------------------------------------------------------- SVD family
@@ -254,6 +265,10 @@ METHODS: dict[str, Method] = {
     "basel": EngineMethod("basel", "basel", "Basel: prune the smallest re-learned |sigma|"),
     "bsi-grad": EngineMethod("bsi-grad", "bsi-grad", "BSI without the curvature term: first-order loss change"),
     "bsi": EngineMethod("bsi", "bsi", "BSI: first- plus second-order loss change"),
+    # bsi's score splits each round's cut across layers, |sigma| picks the bases inside each layer: in the
+    # ranking test this pair left the lowest held-out loss every round (docs/benchmarks.md)
+    "bsi-mag": EngineMethod("bsi-mag", "bsi", "BSI's per-layer budgets, the smallest |sigma| removed inside each "
+                            "layer (a variant, not a published method)", within_layer="magnitude"),
 }
 
 
@@ -266,8 +281,8 @@ def get_method(name: str) -> Method:
 
 
 def engine_method(score: str) -> Method:
-    """The engine method that prunes with ``score``."""
+    """The engine method that prunes with ``score`` (the plain one, not a variant)."""
     for method in METHODS.values():
-        if getattr(method, "score", None) == score:
+        if getattr(method, "score", None) == score and getattr(method, "within_layer", None) is None:
             return method
     raise BSIError(f"no engine method uses score '{score}'")

@@ -198,11 +198,14 @@ class Pipeline:
     def __init__(self, config: PipelineConfig, out_dir: str | Path | None = None,
                  cache_dir: str | Path | None = None, *, method: Any = None, baseline: Any = None,
                  reference: Metrics | None = None, force: bool = False) -> None:
+        self.method = engine_method(config.compress.score) if method is None else \
+            get_method(method) if isinstance(method, str) else method
+        fixed = getattr(self.method, "compress_settings", None)  # an engine method's score (a variant's more)
+        if fixed and any(getattr(config.compress, k) != v for k, v in fixed.items()):  # recorded as run
+            config = dataclasses.replace(config, compress=dataclasses.replace(config.compress, **fixed))
         self.config = config
         self.out_dir = check_run_folder(out_dir, force=force) if out_dir is not None else None
         self.cache_dir = cache_dir
-        self.method = engine_method(config.compress.score) if method is None else \
-            get_method(method) if isinstance(method, str) else method
         self.baseline = baseline or BaselineConfig()
         self.reference = reference
         self.dist = from_environment()  # several processes under accelerate/torchrun: see bsi.pipeline.distributed
@@ -387,14 +390,16 @@ class Pipeline:
             return DistillationLoss(self.teacher, weight, self.config.distill_temperature)
         return answer_token_loss
 
-    def run_engine(self, score: str | None = None) -> Iterator[Report]:
+    def run_engine(self, **settings: Any) -> Iterator[Report]:
         """The engine's pruning rounds, checkpointed after each: the one place a :class:`Compressor` is built.
 
-        Every process takes part (gradients averaged, statistics summed, each
-        its own probes); a run resumed with :meth:`resume` continues after its
-        last complete round.
+        ``settings`` replace fields of the ``compress`` configuration for this
+        run (a method's score, a variant's ``within_layer``). Every process
+        takes part (gradients averaged, statistics summed, each its own
+        probes); a run resumed with :meth:`resume` continues after its last
+        complete round.
         """
-        cfg = self.config.compress if score is None else dataclasses.replace(self.config.compress, score=score)
+        cfg = dataclasses.replace(self.config.compress, **settings)
         stream = self.stream(2)
         sharded = self._start_sharding(cfg)
         on_shards = {"convert_layers": self.sharding.convert, "prune_layer": self.sharding.keep} if sharded else {}

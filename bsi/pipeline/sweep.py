@@ -256,9 +256,9 @@ class Sweep:
         sizes = sorted(sizes or self.settings.targets_of(method, protocol), reverse=True)
         data = self.config.to_dict() | {"seed": seed}
         data["compress"] = data["compress"] | {"size_mode": "target", "target_ratio": sizes[-1], "stops": list(sizes[:-1])}
-        score = getattr(get_method(method), "score", None)
-        if score is not None:
-            data = deep_update(data, {"protocol": protocol, "compress": PROTOCOLS[protocol]["compress"] | {"score": score}})
+        fixed = getattr(get_method(method), "compress_settings", None)  # an engine method's score (and variant)
+        if fixed is not None:
+            data = deep_update(data, {"protocol": protocol, "compress": PROTOCOLS[protocol]["compress"] | fixed})
             data = deep_update(data, self.settings.protocol_settings.get(protocol, {}))
             data = deep_update(data, {k: v for k, v in self.overrides.items() if k not in ("seed", "protocol")})
         return PipelineConfig.from_dict(data)
