@@ -544,7 +544,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "recover": {"steps": 4, "lr": 1e-3, "warmup_steps": 0},
     },
     # The best trade on the embedded model (2 cores): 1.82x whole model at 92% against the dense model's 84%
-    # (100 problems, paired 95% interval of the difference +2 to +14 points) in about 11 min 50 s with the
+    # (100 problems, paired 95% interval of the difference +2 to +14 points) in 11 min 50 s with the
     # fine-tune cached (docs/benchmarks.md). The dataclasses' own defaults, so that the Python API
     # (PipelineConfig()) and `bsi compress` run the same job. Change a default above, not here.
     "default": {},
