@@ -1,6 +1,6 @@
 """What each of bsi's deviations from the published methods changes, measured one at a time.
 
-    python bench/deviations.py --out runs/deviations          # about an hour on 2 cores
+    python bench/deviations.py --out runs/deviations          # 1 h 38 min on 2 cores (2026-11-25)
     python bench/deviations.py --preset smoke --rounds 2 --out /tmp/d    # seconds, on the tiny model
 
 The ``tuned`` protocol differs from the published BSI in several places
