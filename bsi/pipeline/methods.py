@@ -156,7 +156,7 @@ class EngineMethod:
         return {"score": self.score} | ({} if self.within_layer is None else {"within_layer": self.within_layer})
 
     def compress(self, pipeline: "Pipeline") -> Iterator["Report"]:
-        yield from pipeline.run_engine(**self.compress_settings)
+        yield from pipeline.run_engine()  # the pipeline's config holds compress_settings (Pipeline.__init__)
 
 
 # ---------------------------------------------------------------- SVD family

@@ -201,7 +201,7 @@ class Pipeline:
         self.method = engine_method(config.compress.score) if method is None else \
             get_method(method) if isinstance(method, str) else method
         fixed = getattr(self.method, "compress_settings", None)  # an engine method's score (a variant's more)
-        if fixed and any(getattr(config.compress, k) != v for k, v in fixed.items()):  # recorded as run
+        if fixed:  # the config says what runs: run_engine and summary.json read it
             config = dataclasses.replace(config, compress=dataclasses.replace(config.compress, **fixed))
         self.config = config
         self.out_dir = check_run_folder(out_dir, force=force) if out_dir is not None else None
@@ -390,16 +390,16 @@ class Pipeline:
             return DistillationLoss(self.teacher, weight, self.config.distill_temperature)
         return answer_token_loss
 
-    def run_engine(self, **settings: Any) -> Iterator[Report]:
+    def run_engine(self) -> Iterator[Report]:
         """The engine's pruning rounds, checkpointed after each: the one place a :class:`Compressor` is built.
 
-        ``settings`` replace fields of the ``compress`` configuration for this
-        run (a method's score, a variant's ``within_layer``). Every process
-        takes part (gradients averaged, statistics summed, each its own
-        probes); a run resumed with :meth:`resume` continues after its last
-        complete round.
+        The ``compress`` configuration already holds the method's settings
+        (its score, a variant's ``within_layer``: set in ``__init__``). Every
+        process takes part (gradients averaged, statistics summed, each its
+        own probes); a run resumed with :meth:`resume` continues after its
+        last complete round.
         """
-        cfg = dataclasses.replace(self.config.compress, **settings)
+        cfg = self.config.compress
         stream = self.stream(2)
         sharded = self._start_sharding(cfg)
         on_shards = {"convert_layers": self.sharding.convert, "prune_layer": self.sharding.keep} if sharded else {}
