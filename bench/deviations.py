@@ -1,6 +1,8 @@
 """What each of bsi's deviations from the published methods changes, measured one at a time.
 
     python bench/deviations.py --out runs/deviations          # 1 h 38 min on 2 cores (2026-11-25)
+    python bench/deviations.py --out runs/deviations --seeds 1,2 --only bsi,selection,no,scores
+                                                              # the rows the first run questioned, two more seeds
     python bench/deviations.py --preset smoke --rounds 2 --out /tmp/d    # seconds, on the tiny model
 
 The ``tuned`` protocol differs from the published BSI in several places
@@ -10,9 +12,16 @@ compares it with the tuned run on the same test problems (paired bootstrap
 95% interval, :mod:`bsi.analysis.stats`). The truncation baselines' rows do
 the same for the shortcuts earlier versions of the sweep took (batch-mean
 Fisher for FWSVD, uniform ranks for ASVD, auxiliary vectors paid out of a
-truncation's rank) against the published method. One seed per row: the
-interval covers the test problems, not training noise. Writes
-``deviations.json`` and prints the table docs/method.md quotes.
+truncation's rank) against the published method. ``bsi-mag`` (the named
+variant: bsi's per-layer budgets, smallest |sigma| inside each layer) is
+compared with the tuned run the same way.
+
+Each seed is its own run: its own test and validation split, fine-tune,
+batches and probes. With several seeds the table pools them (the interval
+resamples problems within each seed, so with one seed it covers the test
+problems, not training noise) and lists each seed's difference alone, the
+run-to-run view. Writes ``deviations.json`` (finished rows of each seed are
+kept and skipped) and prints the table docs/method.md quotes.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from bsi.analysis.stats import Outcomes, paired_difference  # noqa: E402
+from bsi.analysis.stats import Outcomes, paired_difference, per_seed_differences, pooled_value  # noqa: E402
 from bsi.config import make_config  # noqa: E402
 from bsi.files import atomic_write_json  # noqa: E402
 from bsi.pipeline.methods import BaselineConfig  # noqa: E402
@@ -50,7 +59,16 @@ VARIANTS = [
     ("svd-llm, published (no auxiliary vectors)", "svd-llm", {}, {}, None),
     ("svd-llm paying 8 auxiliary vectors out of its rank", "svd-llm", {}, {"aux_rank": 8},
      "svd-llm, published (no auxiliary vectors)"),
+    ("bsi-mag: bsi's per-layer budgets, smallest singular values inside each layer", "bsi-mag", {}, {}, "bsi, tuned"),
 ]
+
+
+def load_rows(path: Path) -> dict[str, dict[str, dict]]:
+    """``{label: {seed: row}}`` from ``deviations.json``; a file of the one-seed format (``{label: row}``) is seed 0."""
+    if not path.is_file():
+        return {}
+    saved = json.loads(path.read_text())
+    return {label: ({"0": row} if "method" in row else row) for label, row in saved.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,51 +76,73 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="study-quick", help="pipeline preset (default: study-quick)")
     p.add_argument("--target", type=float, default=0.4, help="target ratio (default: 0.4)")
     p.add_argument("--rounds", type=int, default=6, help="pruning rounds of the bsi runs (default: 6)")
+    p.add_argument("--seeds", default="0", help="comma-separated run seeds (default: 0)")
     p.add_argument("--only", help="comma-separated labels' first words to run (default: every row)")
     p.add_argument("--out", required=True, help="folder for deviations.json (finished rows are kept and skipped)")
     args = p.parse_args(argv)
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        p.error(f"--seeds takes comma-separated integers, e.g. 0,1,2; got '{args.seeds}'")
     keep_freed_memory()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     saved = out / "deviations.json"
-    rows = json.loads(saved.read_text()) if saved.is_file() else {}
-    for label, method, compress, baseline, _ in VARIANTS:
-        if label in rows or (args.only and not any(label.startswith(w) for w in args.only.split(","))):
-            continue
-        config = make_config(args.preset, {"compress": {"target_ratio": args.target, "rounds": args.rounds, **compress}})
-        pipeline = Pipeline(config, method=method, baseline=BaselineConfig(**baseline))
-        start = time.perf_counter()
-        summary = next(r.summary for r in pipeline.run() if isinstance(r, DoneReport))
-        rows[label] = {"method": method, "compress": compress, "baseline": baseline,
-                       "metrics": summary["metrics_after"], "params_total": summary["params_after"],
-                       "seconds": time.perf_counter() - start, **pipeline.evaluations["recovered"].columns()}
-        atomic_write_json(saved, rows)
-        print(f"{label}: accuracy {summary['metrics_after']['accuracy']:.1%}, loss {summary['metrics_after']['loss']:.4f} "
-              f"({rows[label]['seconds']:.0f} s)", flush=True)
+    rows = load_rows(saved)
+    for seed in seeds:
+        for label, method, compress, baseline, _ in VARIANTS:
+            if str(seed) in rows.get(label, {}) or (args.only and not any(label.startswith(w) for w in args.only.split(","))):
+                continue
+            config = make_config(args.preset, {"seed": seed,
+                                               "compress": {"target_ratio": args.target, "rounds": args.rounds, **compress}})
+            pipeline = Pipeline(config, method=method, baseline=BaselineConfig(**baseline))
+            start = time.perf_counter()
+            summary = next(r.summary for r in pipeline.run() if isinstance(r, DoneReport))
+            rows.setdefault(label, {})[str(seed)] = {
+                "method": method, "compress": compress, "baseline": baseline, "seed": seed,
+                "metrics": summary["metrics_after"], "params_total": summary["params_after"],
+                "seconds": time.perf_counter() - start, **pipeline.evaluations["recovered"].columns()}
+            atomic_write_json(saved, rows)
+            print(f"{label}, seed {seed}: accuracy {summary['metrics_after']['accuracy']:.1%}, "
+                  f"loss {summary['metrics_after']['loss']:.4f} ({rows[label][str(seed)]['seconds']:.0f} s)", flush=True)
     print(table(rows, args.target))
     return 0
 
 
-def table(rows: dict, target: float) -> str:
-    """The markdown table: each row against the one it is compared with (paired bootstrap, 95%)."""
-    def outcomes(label: str) -> Outcomes:
-        return Outcomes.from_columns(rows[label])
+def table(rows: dict[str, dict[str, dict]], target: float) -> str:
+    """The markdown table: each row against the one it is compared with, on the seeds both have.
 
-    lines = [f"At target {target:g}, one seed, paired 95% bootstrap intervals over the test problems; "
-             "**bold**: the interval excludes 0.", "",
-             "| variant | accuracy | loss | change in accuracy (points) | change in loss |", "|---|---|---|---|---|"]
+    Accuracy and loss are pooled over a row's seeds; the change is pooled over
+    the shared seeds with a paired bootstrap 95% interval (problems resampled
+    within each seed), followed by each seed's own change.
+    """
+    def outcomes(label: str, seeds: list[str]) -> list[Outcomes]:
+        return [Outcomes.from_columns(rows[label][s]) for s in seeds]
+
+    lines = [f"At target {target:g}; paired 95% bootstrap intervals over the test problems, pooled over the seeds "
+             "both rows have (n problems = seeds x test set); **bold**: the interval excludes 0; then each seed's "
+             "change alone.", "",
+             "| variant | seeds | accuracy | loss | change in accuracy (points) | change in loss |",
+             "|---|---|---|---|---|---|"]
     for label, _, _, _, reference in VARIANTS:
         if label not in rows:
             continue
-        m = rows[label]["metrics"]
+        seeds = sorted(rows[label], key=int)
+        pooled = outcomes(label, seeds)
         cells = ["", ""]
-        if reference in rows:
+        shared = [s for s in seeds if s in rows.get(reference, {})]
+        if shared:
+            mine, theirs = outcomes(label, shared), outcomes(reference, shared)
             for i, stat in enumerate(("accuracy", "loss")):
-                d = paired_difference([outcomes(label)], [outcomes(reference)], stat)
+                d = paired_difference(mine, theirs, stat)
                 scale, digits = (100, 1) if stat == "accuracy" else (1, 3)
                 text = f"{scale * d.estimate:+.{digits}f} [{scale * d.low:+.{digits}f}, {scale * d.high:+.{digits}f}]"
                 cells[i] = f"**{text}**" if d.excludes_zero else text
-        lines.append(f"| {label} | {100 * m['accuracy']:.1f}% | {m['loss']:.3f} | {cells[0]} | {cells[1]} |")
+                if len(shared) > 1:
+                    each = ", ".join(f"{scale * v:+.{digits}f}" for v in per_seed_differences(mine, theirs, stat))
+                    cells[i] += f" (seeds: {each})"
+        lines.append(f"| {label} | {','.join(seeds)} | {100 * pooled_value(pooled, 'accuracy'):.1f}% | "
+                     f"{pooled_value(pooled, 'loss'):.3f} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 
