@@ -18,9 +18,9 @@ compared with the tuned run the same way.
 
 Each seed is its own run: its own test and validation split, fine-tune,
 batches and probes. With several seeds the table pools them (the interval
-resamples problems within each seed, so with one seed it covers the test
-problems, not training noise) and lists each seed's difference alone, the
-run-to-run view. Writes ``deviations.json`` (finished rows of each seed are
+resamples problems within each seed: it covers the test problems, not
+training noise) and lists each seed's difference alone with a t-interval
+over seeds, the run-to-run view. Writes ``deviations.json`` (finished rows of each seed are
 kept and skipped) and prints the table docs/method.md quotes.
 """
 
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from bsi.analysis.stats import Outcomes, paired_difference, per_seed_differences, pooled_value  # noqa: E402
+from bsi.analysis.stats import Outcomes, paired_difference, per_seed_differences, pooled_value, seed_interval  # noqa: E402
 from bsi.config import make_config  # noqa: E402
 from bsi.files import atomic_write_json  # noqa: E402
 from bsi.pipeline.methods import BaselineConfig  # noqa: E402
@@ -114,14 +114,15 @@ def table(rows: dict[str, dict[str, dict]], target: float) -> str:
 
     Accuracy and loss are pooled over a row's seeds; the change is pooled over
     the shared seeds with a paired bootstrap 95% interval (problems resampled
-    within each seed), followed by each seed's own change.
+    within each seed), followed by each seed's own change and, over those,
+    a t-interval (:func:`bsi.analysis.stats.seed_interval`).
     """
     def outcomes(label: str, seeds: list[str]) -> list[Outcomes]:
         return [Outcomes.from_columns(rows[label][s]) for s in seeds]
 
     lines = [f"At target {target:g}; paired 95% bootstrap intervals over the test problems, pooled over the seeds "
-             "both rows have (n problems = seeds x test set); **bold**: the interval excludes 0; then each seed's "
-             "change alone.", "",
+             "both rows have (n problems = seeds x test set); **bold**: that interval excludes 0; then each seed's "
+             "change alone and their mean with a 95% Student-t interval over seeds (the run-to-run view).", "",
              "| variant | seeds | accuracy | loss | change in accuracy (points) | change in loss |",
              "|---|---|---|---|---|---|"]
     for label, _, _, _, reference in VARIANTS:
@@ -139,8 +140,11 @@ def table(rows: dict[str, dict[str, dict]], target: float) -> str:
                 text = f"{scale * d.estimate:+.{digits}f} [{scale * d.low:+.{digits}f}, {scale * d.high:+.{digits}f}]"
                 cells[i] = f"**{text}**" if d.excludes_zero else text
                 if len(shared) > 1:
-                    each = ", ".join(f"{scale * v:+.{digits}f}" for v in per_seed_differences(mine, theirs, stat))
-                    cells[i] += f" (seeds: {each})"
+                    values = per_seed_differences(mine, theirs, stat)
+                    each = ", ".join(f"{scale * v:+.{digits}f}" for v in values)
+                    runs = seed_interval(values)
+                    cells[i] += (f" (seeds: {each}; over seeds {scale * runs.estimate:+.{digits}f} "
+                                 f"[{scale * runs.low:+.{digits}f}, {scale * runs.high:+.{digits}f}])")
         lines.append(f"| {label} | {','.join(seeds)} | {100 * pooled_value(pooled, 'accuracy'):.1f}% | "
                      f"{pooled_value(pooled, 'loss'):.3f} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)

@@ -32,7 +32,7 @@ def test_two_seeds_are_kept_apart_resumed_and_pooled(deviations, isolated_cache,
     assert rows[tuned]["0"]["loss_sum"] != rows[tuned]["1"]["loss_sum"]
     table = capsys.readouterr().out
     line = next(t for t in table.splitlines() if t.startswith(f"| {variant} |"))
-    assert "| 0,1 |" in line and line.count("(seeds: ") == 2  # pooled change, then each seed's own
+    assert "| 0,1 |" in line and line.count("(seeds: ") == line.count("over seeds ") == 2  # pooled, each, over seeds
 
     # A second call finds every row done: nothing re-runs, the file is unchanged.
     before = (out / "deviations.json").read_text()

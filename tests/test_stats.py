@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from bsi.analysis.stats import (
     paired_difference,
     per_seed_differences,
     pooled_value,
+    seed_interval,
     stratified_resamples,
     value_interval,
 )
@@ -106,3 +109,16 @@ def test_study_stats_and_table_mark_the_differences_that_exclude_zero():
     line = next(row for row in text.splitlines() if row.startswith("| `svd` |") and "**" in row)
     assert line.count("**") == 4  # both differences marked
     assert "0.4 (2.00x)" in text and "Dense fine-tuned model (seeds 0, 1)" in text
+
+
+def test_the_interval_over_seeds_is_students_t_and_wide_for_three_seeds():
+    # Three seeds with mean 0 and standard deviation 9: half-width 4.303 * 9 / sqrt(3).
+    interval = seed_interval([9.0, 0.0, -9.0])
+    assert interval.estimate == 0.0 and interval.samples == 3
+    assert interval.high == pytest.approx(4.303 * 9 / math.sqrt(3)) and interval.low == -interval.high
+    assert not interval.excludes_zero
+    # The same spread around a large mean, over many seeds, excludes 0; an untabulated df takes the wider factor.
+    many = seed_interval([10.0 + d for d in (9.0, 0.0, -9.0) * 4])  # 12 seeds: df 11 -> the factor of df 10
+    assert many.excludes_zero and many.high - many.estimate == pytest.approx(2.228 * statistics.stdev((9.0, 0.0, -9.0) * 4) / math.sqrt(12))
+    with pytest.raises(ValueError, match="at least 2"):
+        seed_interval([1.0, float("nan")])

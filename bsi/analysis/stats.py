@@ -18,7 +18,8 @@ The paired bootstrap measures that variation directly:
 
 An interval that excludes 0 marks a difference the test set supports. It
 covers the sampling of test problems, not the randomness of training: the
-per-seed differences, reported beside it, show that part.
+per-seed differences, reported beside it, show that part, and with two or
+more seeds :func:`seed_interval` turns them into an interval over runs.
 
 Everything here is plain numerics on lists and tensors: no model, no files.
 """
@@ -179,3 +180,28 @@ def per_seed_differences(a: Sequence[Outcomes], b: Sequence[Outcomes], statistic
         value = (x.accuracy() - y.accuracy()) if statistic == "accuracy" else (x.loss() - y.loss())
         values.append(value if math.isfinite(value) else float("nan"))
     return values
+
+
+#: Student's t, 97.5th percentile, by degrees of freedom (seeds - 1): the half-width factor of a 95% interval.
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def seed_interval(values: Sequence[float]) -> Interval:
+    """The mean of per-seed values with a 95% Student-t interval over seeds: the run-to-run view.
+
+    Each seed is one independent run (its own split, fine-tune, batches and
+    probes), so the spread of its values measures training noise, which the
+    problem bootstrap of :func:`paired_difference` leaves out. With few seeds
+    the interval is wide by design: three seeds give a half-width of 4.3
+    standard errors. Needs at least two finite values; ``samples`` counts seeds.
+    """
+    finite = [float(v) for v in values if math.isfinite(v)]
+    if len(finite) < 2:
+        raise ValueError(f"an interval over seeds needs at least 2 finite values, got {len(finite)}")
+    n = len(finite)
+    mean = sum(finite) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1))
+    factor = T_975[max(k for k in T_975 if k <= n - 1)]  # between tabulated values: the wider (conservative) one
+    half = factor * sd / math.sqrt(n)
+    return Interval(mean, mean - half, mean + half, n)
