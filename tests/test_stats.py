@@ -108,7 +108,23 @@ def test_study_stats_and_table_mark_the_differences_that_exclude_zero():
     text = study_markdown(stats)
     line = next(row for row in text.splitlines() if row.startswith("| `svd` |") and "**" in row)
     assert line.count("**") == 4  # both differences marked
+    # Two seeds agreeing: the t-interval over the seeds' own differences excludes 0 too, marked with a dagger.
+    runs_view = svd["vs_anchor"]["over_seeds"]["accuracy"]
+    assert runs_view["samples"] == 2 and runs_view["excludes_zero"]
+    assert runs_view["estimate"] == pytest.approx(sum(svd["vs_anchor"]["per_seed"]["accuracy"]) / 2)
+    assert line.count("\u2020") == 2 and "t-interval over the seeds' own differences" in text
     assert "0.4 (2.00x)" in text and "Dense fine-tuned model (seeds 0, 1)" in text
+
+
+def test_one_seed_has_no_interval_over_seeds_and_no_dagger():
+    runs = {("dense", 1.0, 0): noisy(100, 0.8, 0.1, 1), ("bsi", 0.4, 0): noisy(100, 0.7, 0.2, 2),
+            ("svd", 0.4, 0): outcomes([False] * 100, [3.0] * 100)}
+    rows = [{"method": m, "target": t, "seed": s, "protocol": "tuned", "outcomes": m, "params_total": 50,
+             "compression_ratio": 2.0} for m, t, s in runs]
+    stats = study_stats(rows, lambda row: runs[(row["method"], row["target"], row["seed"])], ["tuned"], resamples=200)
+    diff = stats["protocols"]["tuned"]["methods"]["svd"]["0.4"]["vs_anchor"]
+    assert diff["accuracy"]["excludes_zero"] and "over_seeds" not in diff
+    assert "\u2020" not in next(r for r in study_markdown(stats).splitlines() if r.startswith("| `svd` |") and "**" in r)
 
 
 def test_the_interval_over_seeds_is_students_t_and_wide_for_three_seeds():

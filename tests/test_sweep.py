@@ -53,6 +53,7 @@ def test_sweep_writes_rows_outcomes_and_intervals_then_resumes_and_grows(tmp_pat
     assert svd["seeds"] == [0, 1] and svd["accuracy"]["samples"] == 8 and svd["loss"]["samples"] == 12
     diff = svd["vs_anchor"]
     assert diff["loss"]["low"] <= diff["loss"]["estimate"] <= diff["loss"]["high"] and len(diff["per_seed"]["loss"]) == 2
+    assert diff["over_seeds"]["loss"]["samples"] == 2  # the run-to-run view beside the problem bootstrap
     table = (out / "results.md").read_text()
     assert "## Protocol `tuned`" in table and "| `svd` |" in table and "`bsi` minus each method" in table
     assert '"name":"svd"' in (out / "figure.html").read_text()

@@ -35,7 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bsi.analysis.stats import Interval, Outcomes, paired_difference, per_seed_differences, value_interval
+from bsi.analysis.stats import (Interval, Outcomes, paired_difference, per_seed_differences, seed_interval,
+                                value_interval)
 
 REFERENCE = "dense"
 PUBLISHED = "published"  # the protocol label of the truncation methods' rows
@@ -120,6 +121,10 @@ def _method_table(rows: Sequence[dict], targets: Sequence[float], outcomes: Outc
                        for stat in ("accuracy", "loss")},
                     "per_seed": {stat: per_seed_differences(a, b, stat) for stat in ("accuracy", "loss")},
                 }
+                over_seeds = {stat: values for stat, values in entry["vs_anchor"]["per_seed"].items()
+                              if sum(math.isfinite(v) for v in values) >= 2}
+                if over_seeds:  # the run-to-run view: a t-interval over the seeds' own differences
+                    entry["vs_anchor"]["over_seeds"] = {stat: seed_interval(v).to_dict() for stat, v in over_seeds.items()}
                 if text:  # exp(loss_anchor - loss_method) = perplexity_anchor / perplexity_method
                     entry["vs_anchor"]["perplexity_ratio"] = _exp_interval(entry["vs_anchor"]["loss"])
             table.setdefault(method, {})[f"{target:g}"] = entry
@@ -205,9 +210,13 @@ def _difference(diff: Mapping[str, Any] | None, text: bool) -> str:
     """A difference from the anchor in a cell: accuracy points / loss, or on a text task loss / perplexity ratio."""
     if diff is None:
         return ""
+    def runs(stat: str) -> str:  # the t-interval over seeds excludes 0 too
+        return "†" if diff.get("over_seeds", {}).get(stat, {}).get("excludes_zero") else ""
+
     if text:
-        return f"{_interval(diff['loss'], 1, 3, True)} / {_ratio(diff['perplexity_ratio'])}"
-    return f"{_interval(diff['accuracy'], 100, 1, True)} / {_interval(diff['loss'], 1, 3, True)}"
+        return f"{_interval(diff['loss'], 1, 3, True)}{runs('loss')} / {_ratio(diff['perplexity_ratio'])}"
+    return (f"{_interval(diff['accuracy'], 100, 1, True)}{runs('accuracy')} / "
+            f"{_interval(diff['loss'], 1, 3, True)}{runs('loss')}")
 
 
 def _ratio(entry: Mapping[str, Any]) -> str:
@@ -228,6 +237,12 @@ def _heads(table: Mapping[str, Any], targets: Sequence[float]) -> list[str]:
     return [f"{t:g} ({ratio[t]:.2f}x)" for t in targets]
 
 
+#: How the difference tables mark the run-to-run view (``vs_anchor.over_seeds`` in stats.json).
+RUNS_NOTE = ("That interval resamples test problems, not training runs; with two or more seeds, † marks a "
+             "difference whose 95% t-interval over the seeds' own differences excludes 0 as well (per-seed "
+             "differences and that interval are in `stats.json`).")
+
+
 def _tables(lines: list[str], table: Mapping[str, Any], targets: Sequence[float], anchor: str, text: bool,
             heading: str | None) -> None:
     """Append one group's values table and its differences table (recovered or not) to ``lines``."""
@@ -246,11 +261,11 @@ def _tables(lines: list[str], table: Mapping[str, Any], targets: Sequence[float]
         lines += ["", f"`{anchor}` minus each method in loss (negative: `{anchor}`'s is lower), and `{anchor}`'s "
                       f"perplexity / the method's (exp of the loss difference; below 1: `{anchor}`'s is lower), paired "
                       "bootstrap 95% interval pooled over the seeds both ran; **bold**: the interval excludes 0 "
-                      "(a ratio's: 1). Per-seed differences are in `stats.json`."]
+                      f"(a ratio's: 1). {RUNS_NOTE}"]
     else:
         lines += ["", f"`{anchor}` minus each method: accuracy in points (positive: `{anchor}` answers more) and "
                       f"loss (negative: `{anchor}`'s is lower), paired bootstrap 95% interval pooled over the seeds "
-                      "both ran; **bold**: the interval excludes 0. Per-seed differences are in `stats.json`."]
+                      f"both ran; **bold**: the interval excludes 0. {RUNS_NOTE}"]
     lines += ["", "| method | " + " | ".join(head) + " |", "|---|" + "---|" * len(targets)]
     for method, cells in table.items():
         if method != anchor:
