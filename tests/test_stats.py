@@ -135,6 +135,7 @@ def test_the_interval_over_seeds_is_students_t_and_wide_for_three_seeds():
     assert not interval.excludes_zero
     # The same spread around a large mean, over many seeds, excludes 0; an untabulated df takes the wider factor.
     many = seed_interval([10.0 + d for d in (9.0, 0.0, -9.0) * 4])  # 12 seeds: df 11 -> the factor of df 10
-    assert many.excludes_zero and many.high - many.estimate == pytest.approx(2.228 * statistics.stdev((9.0, 0.0, -9.0) * 4) / math.sqrt(12))
+    spread = statistics.stdev((9.0, 0.0, -9.0) * 4)
+    assert many.excludes_zero and many.high - many.estimate == pytest.approx(2.228 * spread / math.sqrt(12))
     with pytest.raises(ValueError, match="at least 2"):
         seed_interval([1.0, float("nan")])

@@ -210,6 +210,7 @@ def _difference(diff: Mapping[str, Any] | None, text: bool) -> str:
     """A difference from the anchor in a cell: accuracy points / loss, or on a text task loss / perplexity ratio."""
     if diff is None:
         return ""
+
     def runs(stat: str) -> str:  # the t-interval over seeds excludes 0 too
         return "†" if diff.get("over_seeds", {}).get(stat, {}).get("excludes_zero") else ""
 
