@@ -1,8 +1,9 @@
 """What each of bsi's deviations from the published methods changes, measured one at a time.
 
     python bench/deviations.py --out runs/deviations          # 1 h 38 min on 2 cores (2026-11-25)
-    python bench/deviations.py --out runs/deviations --seeds 1,2 --only bsi,selection,no,scores
-                                                              # the rows the first run questioned, two more seeds
+    python bench/deviations.py --out runs/deviations --seeds 0,1,2 --only bsi,selection,no,scores
+        # the rows seed 0 questioned and bsi-mag, on seeds 1 and 2 (and bsi-mag's seed 0): 1 h 26 min
+    python bench/deviations.py --out runs/deviations-015 --target 0.15 --seeds 0,1,2 --only bsi   # 44 min
     python bench/deviations.py --preset smoke --rounds 2 --out /tmp/d    # seconds, on the tiny model
 
 The ``tuned`` protocol differs from the published BSI in several places
@@ -20,8 +21,9 @@ Each seed is its own run: its own test and validation split, fine-tune,
 batches and probes. With several seeds the table pools them (the interval
 resamples problems within each seed: it covers the test problems, not
 training noise) and lists each seed's difference alone with a t-interval
-over seeds, the run-to-run view. Writes ``deviations.json`` (finished rows of each seed are
-kept and skipped) and prints the table docs/method.md quotes.
+over seeds, the run-to-run view. Writes ``deviations.json`` (finished rows
+of each seed are kept and skipped) and prints the table docs/method.md
+quotes.
 """
 
 from __future__ import annotations
