@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from bsi.analysis.stats import Outcomes, paired_difference, per_seed_differences, pooled_value, seed_interval  # noqa: E402
+from bsi.analysis.study import interval_text  # noqa: E402
 from bsi.config import make_config  # noqa: E402
 from bsi.files import atomic_write_json  # noqa: E402
 from bsi.pipeline.methods import BaselineConfig  # noqa: E402
@@ -137,16 +138,13 @@ def table(rows: dict[str, dict[str, dict]], target: float) -> str:
         if shared:
             mine, theirs = outcomes(label, shared), outcomes(reference, shared)
             for i, stat in enumerate(("accuracy", "loss")):
-                d = paired_difference(mine, theirs, stat)
                 scale, digits = (100, 1) if stat == "accuracy" else (1, 3)
-                text = f"{scale * d.estimate:+.{digits}f} [{scale * d.low:+.{digits}f}, {scale * d.high:+.{digits}f}]"
-                cells[i] = f"**{text}**" if d.excludes_zero else text
+                cells[i] = interval_text(paired_difference(mine, theirs, stat).to_dict(), scale, digits, signed=True)
                 if len(shared) > 1:
                     values = per_seed_differences(mine, theirs, stat)
                     each = ", ".join(f"{scale * v:+.{digits}f}" for v in values)
-                    runs = seed_interval(values)
-                    cells[i] += (f" (seeds: {each}; over seeds {scale * runs.estimate:+.{digits}f} "
-                                 f"[{scale * runs.low:+.{digits}f}, {scale * runs.high:+.{digits}f}])")
+                    runs = interval_text(seed_interval(values).to_dict(), scale, digits, signed=True)
+                    cells[i] += f" (seeds: {each}; over seeds {runs})"
         lines.append(f"| {label} | {','.join(seeds)} | {100 * pooled_value(pooled, 'accuracy'):.1f}% | "
                      f"{pooled_value(pooled, 'loss'):.3f} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)

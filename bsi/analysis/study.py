@@ -178,7 +178,9 @@ def _pct(value: float) -> str:
     return "-" if not math.isfinite(value) else f"{100 * value:.1f}"
 
 
-def _interval(entry: Mapping[str, Any], scale: float, digits: int, signed: bool = False) -> str:
+def interval_text(entry: Mapping[str, Any], scale: float, digits: int, signed: bool = False) -> str:
+    """``estimate [low, high]`` of an interval's dict, times ``scale``; ``signed``: a difference, with its sign, in
+    **bold** when its interval excludes 0 (the tables' mark)."""
     if not math.isfinite(entry["estimate"]):
         return "-"
     sign = "+" if signed else ""
@@ -201,9 +203,9 @@ def _cell(entry: Mapping[str, Any] | None, text: bool) -> str:
     """One model's values in a table cell: accuracy / loss, or on a text task perplexity / loss."""
     if entry is None:
         return ""
-    first = _interval(entry["perplexity"], 1, _ppl_digits(entry["perplexity"]["estimate"])) if text \
-        else _interval(entry["accuracy"], 100, 1)
-    return f"{first} / {_interval(entry['loss'], 1, _loss_digits(entry['loss']['estimate']))}"
+    first = interval_text(entry["perplexity"], 1, _ppl_digits(entry["perplexity"]["estimate"])) if text \
+        else interval_text(entry["accuracy"], 100, 1)
+    return f"{first} / {interval_text(entry['loss'], 1, _loss_digits(entry['loss']['estimate']))}"
 
 
 def _difference(diff: Mapping[str, Any] | None, text: bool) -> str:
@@ -215,9 +217,9 @@ def _difference(diff: Mapping[str, Any] | None, text: bool) -> str:
         return "†" if diff.get("over_seeds", {}).get(stat, {}).get("excludes_zero") else ""
 
     if text:
-        return f"{_interval(diff['loss'], 1, 3, True)}{runs('loss')} / {_ratio(diff['perplexity_ratio'])}"
-    return (f"{_interval(diff['accuracy'], 100, 1, True)}{runs('accuracy')} / "
-            f"{_interval(diff['loss'], 1, 3, True)}{runs('loss')}")
+        return f"{interval_text(diff['loss'], 1, 3, True)}{runs('loss')} / {_ratio(diff['perplexity_ratio'])}"
+    return (f"{interval_text(diff['accuracy'], 100, 1, True)}{runs('accuracy')} / "
+            f"{interval_text(diff['loss'], 1, 3, True)}{runs('loss')}")
 
 
 def _ratio(entry: Mapping[str, Any]) -> str:
@@ -298,11 +300,11 @@ def study_markdown(stats: Mapping[str, Any], descriptions: Mapping[str, str] | N
     dense = stats.get("dense")
     if dense and text:
         lines += [f"Dense fine-tuned model (seeds {', '.join(map(str, dense['seeds']))}): perplexity "
-                  f"{_interval(dense['perplexity'], 1, _ppl_digits(dense['perplexity']['estimate']))}, mean next-token "
-                  f"loss {_interval(dense['loss'], 1, 4)}.", ""]
+                  f"{interval_text(dense['perplexity'], 1, _ppl_digits(dense['perplexity']['estimate']))}, mean next-token "
+                  f"loss {interval_text(dense['loss'], 1, 4)}.", ""]
     elif dense:
         lines += [f"Dense fine-tuned model (seeds {', '.join(map(str, dense['seeds']))}): accuracy "
-                  f"{_interval(dense['accuracy'], 100, 1)} %, answer-token loss {_interval(dense['loss'], 1, 4)}.", ""]
+                  f"{interval_text(dense['accuracy'], 100, 1)} %, answer-token loss {interval_text(dense['loss'], 1, 4)}.", ""]
     for name, block in stats["protocols"].items():
         targets = block["targets"]
         table, bare = block["methods"], block.get("no_recovery") or {}
