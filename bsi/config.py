@@ -634,9 +634,10 @@ class SweepConfig(_JsonConfig):
     pipeline configuration). With an ``lr_grid``, each method's recovery
     learning rate is chosen from it by the answer-token loss on a validation
     set carved from the *training* data (``validation_size`` of the pipeline
-    configuration; never the test problems): on the first seed, at each of
-    ``lr_targets`` (every target when empty); every other target and seed
-    uses the choice made at the nearest of them (in log size). Choices and
+    configuration; never the test problems) at each of ``lr_targets`` (every
+    target when empty), by the first seed that runs there; every other target
+    and every later seed (in the same command or a later one on the same
+    folder) uses the choice made at the nearest of them (in log size). Choices and
     their validation losses are recorded in the results. On a text task the
     validation set is the last ``validation_size`` windows of the training
     part (never the held-out part) and its loss the mean next-token loss.
@@ -660,7 +661,7 @@ class SweepConfig(_JsonConfig):
                                                                "run at (default: every target)")
     lr_grid: tuple[float, ...] = option((), "recovery learning rates to choose from by validation loss (empty: "
                                             "the recover section's lr for every method)")
-    lr_targets: tuple[float, ...] = option((), "targets where the learning rate is chosen, on the first seed "
+    lr_targets: tuple[float, ...] = option((), "targets where the learning rate is chosen, by the first seed run "
                                                "(empty: every target)")
     baseline: dict = option(default_factory=dict, help="settings of the truncation baselines (BaselineConfig "
                                                        "fields; the defaults are the published methods)")

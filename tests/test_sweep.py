@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -94,6 +95,13 @@ def test_learning_rate_is_chosen_on_validation_data_by_the_first_seed(tmp_path, 
         expected = next(c.chosen for c in choices if (c.method, c.target) == (method, chosen_at))
         assert row["recover_lr"] == expected
         assert row["lr_choice"]["chosen_here"] == (seed == 0 and target == chosen_at)
+    # a later command for another seed alone reuses the choices recorded in the folder: it chooses nothing
+    later = list(make_sweep(out, config, targets=(0.6, 0.4, 0.2), seeds=(2,), lr_grid=(1e-4, 1e-2),
+                            lr_targets=(0.6, 0.2)).run())
+    assert not [r for r in later if isinstance(r, LearningRateReport)]
+    seed2 = [r for r in rows_of(out) if r["seed"] == 2 and r["method"] != "dense"]
+    assert len(seed2) == 6 and not any(r["lr_choice"]["chosen_here"] for r in seed2)
+    assert all(r["recover_lr"] == rows[(r["method"], r["target"], 0)]["recover_lr"] for r in seed2)
     with pytest.raises(Exception, match="validation set"):
         make_sweep(tmp_path / "t", tiny_config(), lr_grid=(1e-3,))
 
@@ -140,6 +148,39 @@ def test_a_folder_with_another_sweep_is_refused(tmp_path, isolated_cache):
     with pytest.raises(Exception, match="other settings"):
         make_sweep(out, tiny_config(recover={"steps": 3}), methods=("svd",), targets=(0.5,))
     make_sweep(out, methods=("svd",), targets=(0.5,), seeds=(0, 1))  # more seeds: the same sweep, grown
+    # where a seed runs is not the sweep's identity: rows record it, and one folder holds one precision
+    assert {(r["device"], r["dtype"]) for r in rows_of(out)} == {("cpu", "float32")}
+    make_sweep(out, tiny_config(dtype="float32"), methods=("svd",), targets=(0.5,), seeds=(1,))
+    with pytest.raises(Exception, match="computed in float32, and this run would compute in bfloat16"):
+        make_sweep(out, tiny_config(dtype="bfloat16"), methods=("svd",), targets=(0.5,), seeds=(1,))
+
+
+def test_seeds_run_in_copies_of_a_folder_merge_back(tmp_path, isolated_cache):
+    here, there = tmp_path / "here", tmp_path / "there"
+    list(make_sweep(here, methods=("svd",), targets=(0.5,)).run())
+    shutil.copytree(here, there)
+    list(make_sweep(there, methods=("svd",), targets=(0.5,), seeds=(1,)).run())  # "another machine" runs seed 1
+    merged = make_sweep(here, methods=("svd",), targets=(0.5,), seeds=(0, 1)).merge(there)
+    assert merged == ["dense/dense@1/s1", "published/svd@0.5/s1"]
+    assert rows_of(here) == rows_of(there)  # same rows, the dense references first
+    assert (here / "outcomes" / "published-svd-0.5-s1.json").read_text() == \
+        (there / "outcomes" / "published-svd-0.5-s1.json").read_text()
+    stats = json.loads((here / "stats.json").read_text())
+    assert stats["protocols"]["tuned"]["methods"]["svd"]["0.5"]["seeds"] == [0, 1]
+    assert "Computed in float32: seeds 0, 1 on cpu." in (here / "results.md").read_text()
+    assert make_sweep(here, methods=("svd",), targets=(0.5,)).merge(there) == []  # twice: nothing new
+
+    before = (here / "results.jsonl").read_text()
+    rows = rows_of(there)
+    rows[-1]["loss"] += 1.0
+    (there / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(Exception, match="is in both folders with different results"):
+        make_sweep(here, methods=("svd",), targets=(0.5,)).merge(there)
+    other = tmp_path / "other"
+    list(make_sweep(other, tiny_config(recover={"steps": 3}), methods=("svd",), targets=(0.5,), seeds=(2,)).run())
+    with pytest.raises(Exception, match="other settings"):
+        make_sweep(here, methods=("svd",), targets=(0.5,)).merge(other)
+    assert (here / "results.jsonl").read_text() == before  # refused merges write nothing
 
 
 def test_speed_is_measured_for_every_model(isolated_cache):
@@ -203,6 +244,7 @@ def test_sweep_flags_and_the_preset_set_the_study(tmp_path, isolated_cache):
     (["--lr-grid", "1e-3"], "needs a validation set"),
     (["--lr-grid", "1e-3", "--validation-size", "4", "--lr-targets", "0.3"], "--lr-targets must be among the targets"),
     (["--extra-targets", "bsi=0.1"], "--extra-targets takes METHOD:RATIO"),
+    (["--merge", "nowhere"], "--merge: 'nowhere' holds no sweep results"),
 ])
 def test_sweep_bad_inputs_give_one_line(tmp_path, capsys, args, message):
     assert main(["sweep", "--preset", "smoke", "--out", str(tmp_path / "s"), *args]) == 2

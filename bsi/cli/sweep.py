@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr-grid", help="comma-separated recovery learning rates; each method's is chosen from them by "
                                      "validation loss, which needs --validation-size (default: the preset's, "
                                      f"{preset_value('lr_grid')}; else none: --recover-lr for every method)")
-    p.add_argument("--lr-targets", help="comma-separated targets where the learning rate is chosen, on the first seed "
+    p.add_argument("--lr-targets", help="comma-separated targets where the learning rate is chosen, by the first seed run "
                                         f"(default: the preset's, {preset_value('lr_targets')}; else every target)")
     p.add_argument("--alpha", type=float, help="ASVD's exponent (default: 0.5)")
     p.add_argument("--allocation", choices=("published", "uniform", "sensitivity"),
@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{preset_value('also_unrecovered')}; else off)")
     p.add_argument("--speed-repeats", type=int, help="decode-speed timings per model against the dense one, 0 for "
                                                      "none (default: 0)")
+    p.add_argument("--merge", metavar="FOLDER", action="append",
+                   help="add the finished cells of FOLDER, the --out folder of this same sweep run on another machine "
+                        "(repeatable), rewrite the tables and stop without running anything (default: none)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     add_config_flags(p, exclude=PER_CELL)
 
@@ -135,8 +138,17 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     BaselineConfig.from_dict(settings.baseline)  # a bad baseline setting answers before any model loads
+    for folder in args.merge or ():  # before --out is created
+        check_merge_source(folder)
     sweep = Sweep(build_config(args), settings, args.out, overrides=overrides_from_args(args))
     speaks = sweep.dist.is_main  # under several processes, the first one prints
+    if args.merge:
+        merged = {folder: sweep.merge(folder) for folder in args.merge}
+        if speaks:
+            print((sweep.out_dir / "results.md").read_text(encoding="utf-8"))
+            for folder, cells in merged.items():
+                print(f"merged {len(cells)} cells from {folder} into {sweep.out_dir}")
+        return 0
     printer = ProgressPrinter(enabled=not args.quiet and speaks)
     for report in sweep.run():
         if isinstance(report, (CellReport, LearningRateReport)):
@@ -153,6 +165,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {sweep.out_dir / 'results.jsonl'}, results.md, stats.json, figure.html and outcomes/ "
           f"({_duration(sweep)})")
     return 0
+
+
+def check_merge_source(folder: str) -> None:
+    """A one-line error unless ``folder`` holds a sweep's results."""
+    from pathlib import Path
+
+    from bsi.errors import BSIError
+
+    if not (Path(folder) / "results.jsonl").is_file():
+        raise BSIError(f"--merge: '{folder}' holds no sweep results (no results.jsonl): give the --out folder of "
+                       "the sweep run elsewhere")
 
 
 def describe(report) -> str:

@@ -15,8 +15,9 @@ makes a cell's result comparable:
 * **Equal recovery budgets.** Every method recovers for the same steps. With
   an ``lr_grid`` its learning rate is chosen from the grid by the loss on a
   validation set carved from the training data (never the test problems),
-  on the first seed, at the ``lr_targets``; the choice and the validation
-  losses are recorded in the cell's row.
+  at the ``lr_targets``, by the first seed that runs there (a later seed,
+  in the same command or another, reuses the choice recorded in the folder);
+  the choice and the validation losses are recorded in the cell's row.
 * **Seeds and per-problem outcomes.** The run seed reaches the splits, the
   fine-tune, the batches, the probes and the auxiliary vectors. Every
   evaluated model's outcomes (correct or not, answer-token loss, per problem)
@@ -55,6 +56,7 @@ from bsi.config import ENGINE_METHODS, PROTOCOLS, PipelineConfig, SweepConfig, d
 from bsi.data import is_text_task
 from bsi.errors import BSIError
 from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, json_object
+from bsi.models import resolve_device, resolve_dtype
 from bsi.pipeline.evaluate import Evaluation, Metrics
 from bsi.pipeline.distributed import from_environment
 from bsi.pipeline.methods import BaselineConfig, get_method
@@ -154,6 +156,7 @@ class Sweep:
         self.dist = from_environment()  # several processes compute every cell together; rank 0 writes and times
         self.rows: list[dict] = self._read_rows()
         self._check_fingerprint()
+        self._check_precision()
         self.lr_choices: dict[tuple[str, str, float], float] = {
             (r["protocol"], r["method"], r["target"]): r["recover_lr"]
             for r in self.rows if (r.get("lr_choice") or {}).get("chosen_here")}
@@ -168,12 +171,20 @@ class Sweep:
         return self.out_dir / "results.jsonl"
 
     def fingerprint(self) -> str:
-        """Hash of everything but the grid (methods, targets, seeds, protocols may grow): other settings, other sweep."""
+        """Hash of everything but the grid (methods, targets, seeds, protocols may grow): other settings, other sweep.
+
+        Where a run executes is not part of it: ``device`` and ``dtype`` are
+        hashed as their default ``auto``, so one sweep's seeds may run on
+        different machines (a CPU here, a GPU there). What they resolve to is
+        recorded in every row instead, and :meth:`_check_precision` refuses
+        to put two precisions in one folder (``auto`` is float32 on a CPU but
+        bfloat16 on a GPU).
+        """
         grid = ("methods", "targets", "extra_targets", "seeds", "protocols", "protocol_targets", "speed_repeats",
                 "speed_tokens", "also_unrecovered")
         settings = {k: v for k, v in self.settings.to_dict().items() if k not in grid}
         settings["baseline"] = self.baseline.to_dict()  # resolved: a changed default is another sweep
-        config = self.config.to_dict() | {"seed": None, "preset": None}
+        config = self.config.to_dict() | {"seed": None, "preset": None, "device": "auto", "dtype": "auto"}
         if not self.is_text:  # the text settings change nothing else (and sweeps made before them keep their hash)
             for key in TEXT_SETTINGS:
                 config.pop(key)
@@ -182,20 +193,94 @@ class Sweep:
         blob = json.dumps({"config": config, "settings": settings, "version": 2}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def _read_rows(self) -> list[dict]:
-        if not self.results_path.is_file():
+    def _read_rows(self, folder: Path | None = None) -> list[dict]:
+        path = self.results_path if folder is None else folder / self.results_path.name
+        if not path.is_file():
             return []
         rows = []
-        for number, line in enumerate(self.results_path.read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             if line.strip():
-                rows.append(json_object(line, number, self.results_path))  # a bad line: fix or delete the file
+                rows.append(json_object(line, number, path))  # a bad line: fix or delete the file
         return rows
+
+    def merge(self, other: str | Path) -> list[str]:
+        """Add the finished cells of ``other``, a folder of this same sweep run elsewhere; returns their names.
+
+        This is how one study's seeds run on several machines (a seed on a
+        GPU, another on a CPU): each machine runs its seeds into a copy of
+        the folder, and the copies are merged back. Cells already here are
+        skipped when the two rows agree and refused when they differ. Nothing
+        is written unless every row and outcome file of ``other`` checks out
+        (same fingerprint, same precision, outcomes readable); the outcome
+        files are copied before ``results.jsonl`` is rewritten, so an
+        interruption leaves the folder as it was. The summaries (statistics,
+        tables, figure) are rewritten.
+        """
+        source = Path(other)
+        theirs = self._read_rows(source)
+        if not theirs:
+            raise BSIError(f"'{source}' holds no sweep results (no {self.results_path.name}): give the --out folder "
+                           "of the sweep run elsewhere")
+        mine = self.fingerprint()
+        if any(row.get("fingerprint") != mine for row in theirs):
+            raise BSIError(f"'{source}' holds a sweep made with other settings (model, data, schedule, recovery or "
+                           "learning-rate grid) than this one: only folders of the same sweep merge")
+        dtypes = sorted({row["dtype"] for row in [*self.rows, *theirs] if row.get("dtype")})
+        if len(dtypes) > 1:
+            raise BSIError(f"'{source}' and '{self.out_dir}' hold rows computed in {' and '.join(dtypes)}: one folder "
+                           "holds one precision")
+        here = {row_key(r): r for r in self.rows}
+        new: list[dict] = []
+        for row in theirs:
+            key = row_key(row)
+            if key in here:
+                if here[key] != row:
+                    raise BSIError(f"cell {key} is in both folders with different results: remove it from one of "
+                                   f"'{source}' or '{self.out_dir}' first")
+                continue
+            new.append(row)
+        outcomes = {}
+        for row in new:
+            try:
+                text = (source / row["outcomes"]).read_text(encoding="utf-8")
+                json.loads(text)
+            except (OSError, ValueError) as err:
+                raise BSIError(f"'{source}': the outcomes of cell {row_key(row)} cannot be read ({err}); "
+                               "copy the folder again, outcomes/ included") from None
+            outcomes[row["outcomes"]] = text
+        for name, text in outcomes.items() if self.dist.is_main else ():
+            atomic_write_text(self.out_dir / name, text)
+        for row in new:
+            if row["method"] == REFERENCE:
+                self.rows.insert(sum(r["method"] == REFERENCE for r in self.rows), row)
+                self.dense[row["seed"]] = Metrics(row["accuracy"], row["loss"], row["examples"],
+                                                  row.get("loss_examples"), row.get("perplexity"))
+            else:
+                self.rows.append(row)
+            if (row.get("lr_choice") or {}).get("chosen_here"):
+                self.lr_choices.setdefault((row["protocol"], row["method"], row["target"]), row["recover_lr"])
+        self.write()
+        return [row_key(r) for r in new]
 
     def _check_fingerprint(self) -> None:
         mine = self.fingerprint()
         if any(row.get("fingerprint") != mine for row in self.rows):
             raise BSIError(f"'{self.out_dir}' holds a sweep made with other settings (model, data, schedule, recovery "
                            "or learning-rate grid); use a new --out folder to run this one")
+
+    def execution(self) -> dict[str, str]:
+        """Where this process runs the sweep: ``{"device": "cpu" | "cuda", "dtype": "float32" | ...}`` (resolved)."""
+        device = resolve_device(self.config.device)
+        return {"device": device.type, "dtype": str(resolve_dtype(self.config.dtype, device)).removeprefix("torch.")}
+
+    def _check_precision(self) -> None:
+        """Refuse to add rows in another precision than the folder's (rows made before bsi recorded it are not checked)."""
+        mine = self.execution()["dtype"]
+        theirs = sorted({row["dtype"] for row in self.rows if row.get("dtype")} - {mine})
+        if theirs:
+            raise BSIError(f"'{self.out_dir}' holds rows computed in {theirs[0]}, and this run would compute in {mine} "
+                           f"(--dtype {self.config.dtype} on {self.execution()['device']}); pass --dtype {theirs[0]} "
+                           "to extend it, or use a new --out folder")
 
     def write(self, *, summaries: bool = True) -> None:
         """Rewrite the settings and results (and with ``summaries`` the statistics, table and figure), atomically.
@@ -226,7 +311,7 @@ class Sweep:
 
     # ----------------------------------------------------------------- grid
     def runs(self) -> list[tuple[int, str, str]]:
-        """``(seed, method, protocol)`` of every run, seeds outermost (the first seed chooses learning rates)."""
+        """``(seed, method, protocol)`` of every run, seeds outermost (the first one run chooses learning rates)."""
         out = []
         for seed in self.settings.seeds:
             for method in self.settings.methods:
@@ -283,7 +368,20 @@ class Sweep:
                 f"({c.profiling_iters} profiling) passing every size, {c.curvature} curvature, {c.selection_rule} "
                 f"selection, cut cap {c.max_cut_factor:g}, {c.aux_rank} auxiliary vectors. Every method: "
                 f"{r.steps} recovery steps training {r.train}, {lr}.{unrecovered} Seeds "
-                f"{', '.join(map(str, self.settings.seeds))}; {evaluation}.")
+                f"{', '.join(map(str, self.settings.seeds))}; {evaluation}.{self.execution_note()}")
+
+    def execution_note(self) -> str:
+        """Where the rows were computed, e.g. `` Computed in float32: seeds 0, 1 on cpu, seed 2 on cuda.`` ('' if unrecorded)."""
+        seeds: dict[str, set[int]] = {}
+        for row in self.rows:
+            if row.get("device"):
+                seeds.setdefault(row["device"], set()).add(row["seed"])
+        if not seeds:
+            return ""
+        dtypes = sorted({row["dtype"] for row in self.rows if row.get("dtype")})
+        where = ", ".join(f"seed{'s' if len(s) > 1 else ''} {', '.join(map(str, sorted(s)))} on {device}"
+                          for device, s in sorted(seeds.items(), key=lambda item: min(item[1])))
+        return f" Computed in {' and '.join(dtypes)}: {where}."
 
     # ------------------------------------------------------------------ run
     def run(self) -> Iterator[Report | CellReport | LearningRateReport]:
@@ -324,7 +422,7 @@ class Sweep:
         row = {"method": REFERENCE, "protocol": REFERENCE, "target": 1.0, "seed": seed, "fingerprint": self.fingerprint(),
                "params_total": pipeline.params_before, "params_before": pipeline.params_before, "compression_ratio": 1.0,
                "compressible_ratio": 1.0, **metrics.to_dict(), "outcomes": self._save_outcomes(REFERENCE, REFERENCE, 1.0, seed, evaluation),
-               "eval_seconds": 0.0}
+               "eval_seconds": 0.0, **self.execution()}
         if "finetuned" in pipeline.perplexities:  # a text task: what every row's perplexity was measured on, and how
             row["perplexity_protocol"] = pipeline.perplexities["finetuned"]
         row = self.dist.from_main(row)
@@ -357,9 +455,9 @@ class Sweep:
                 snapshots[report.target] = pipeline.model if last else copy.deepcopy(pipeline.model)
         compress_seconds = time.perf_counter() - start
         yield StageReport("compress", "end")
-        first_seed = seed == self.settings.seeds[0]
-        choose_here = [t for t in targets if first_seed and self.settings.lr_grid
-                       and self.settings.lr_target_for(t) == t and (t, True) in missing]
+        # the first seed to reach a learning-rate target chooses there; any later seed reuses the recorded choice
+        choose_here = [t for t in targets if self.settings.lr_grid and self.settings.lr_target_for(t) == t
+                       and (t, True) in missing and (protocol, method, t) not in self.lr_choices]
         for target in [*choose_here, *(t for t in targets if t not in choose_here)]:
             model = snapshots.pop(target)
             if (target, False) in missing:
@@ -408,8 +506,9 @@ class Sweep:
         if not choose:
             lr = self.lr_choices.get((protocol, method, self.settings.lr_target_for(target)))
             if lr is None:
-                raise BSIError(f"no learning rate was chosen for {method} near target {target:g} yet: the first seed "
-                               f"({self.settings.seeds[0]}) chooses them; run it first")
+                chosen_at = self.settings.lr_target_for(target)
+                raise BSIError(f"no learning rate was chosen for {method} near target {target:g} yet: it is chosen at "
+                               f"target {chosen_at:g}; add {chosen_at:g} to this run's targets")
             pipeline.model = model
             yield from pipeline.recover_stage(dataclasses.replace(pipeline.config.recover, lr=lr))
             return lr, {"chosen_at": self.settings.lr_target_for(target), "chosen_here": False}
@@ -453,7 +552,7 @@ class Sweep:
             **evaluation.metrics.to_dict(), "recover_steps": steps, "recover_lr": lr if steps else None,
             "lr_choice": lr_choice,
             "outcomes": self._save_outcomes(protocol, method, target, seed, evaluation, recovered=steps > 0),
-            "notes": list(pipeline.notes), **seconds,
+            "notes": list(pipeline.notes), **self.execution(), **seconds,
         }
 
     def _speed(self, pipeline: Pipeline, seed: int):
