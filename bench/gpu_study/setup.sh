@@ -1,0 +1,15 @@
+#!/bin/bash
+# GPU call 1 of 2 (see prepare.sh): keep the first half of the embedded model's wheel and the sweep folder to extend in /tmp,
+# install the pure-Python packages the GPU image lacks, and check that bsi imports there.
+set -u
+M=/tmp/bsi-model; P=/tmp/bsi-py
+mkdir -p $M $P && cp -r .gpu-a/. $M/ || exit 3
+for pkg in gguf narwhals plotly; do
+  python -c "import $pkg" 2>/dev/null && echo "$pkg: on the image" && continue
+  pip install -q --no-deps --no-index --target $P $M/$pkg-*.whl 2>&1 | grep -v "is ignored" | tail -2
+done
+export PYTHONPATH=$PWD:$P
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python -c "import sys,torch,transformers,accelerate;print(sys.version.split()[0],torch.__version__,transformers.__version__,accelerate.__version__,torch.cuda.is_available())"
+python -c "import bsi.pipeline.sweep, bsi.analysis.figures, gguf, plotly; print('bsi imports: ok')"
+nproc; free -g | head -2; df -h /tmp | tail -1
