@@ -132,14 +132,18 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from bsi.errors import BSIError
     from bsi.pipeline.methods import BaselineConfig
-    from bsi.pipeline.sweep import CellReport, LearningRateReport, Sweep
+    from bsi.pipeline.sweep import CellReport, LearningRateReport, Sweep, sweep_results
     from bsi.progress import ProgressPrinter
 
     settings = settings_from_args(args)
     BaselineConfig.from_dict(settings.baseline)  # a bad baseline setting answers before any model loads
     for folder in args.merge or ():  # before --out is created
-        check_merge_source(folder)
+        try:
+            sweep_results(folder)
+        except BSIError as err:
+            raise BSIError(f"--merge: {err}") from None
     sweep = Sweep(build_config(args), settings, args.out, overrides=overrides_from_args(args))
     speaks = sweep.dist.is_main  # under several processes, the first one prints
     if args.merge:
@@ -165,17 +169,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {sweep.out_dir / 'results.jsonl'}, results.md, stats.json, figure.html and outcomes/ "
           f"({_duration(sweep)})")
     return 0
-
-
-def check_merge_source(folder: str) -> None:
-    """A one-line error unless ``folder`` holds a sweep's results."""
-    from pathlib import Path
-
-    from bsi.errors import BSIError
-
-    if not (Path(folder) / "results.jsonl").is_file():
-        raise BSIError(f"--merge: '{folder}' holds no sweep results (no results.jsonl): give the --out folder of "
-                       "the sweep run elsewhere")
 
 
 def describe(report) -> str:

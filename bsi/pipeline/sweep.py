@@ -107,6 +107,15 @@ def protocol_label(method: str, protocol: str) -> str:
     return protocol if method in ENGINE_METHODS else PUBLISHED
 
 
+def sweep_results(folder: str | Path) -> Path:
+    """``folder``'s ``results.jsonl``; a one-line error when it has none (a folder to merge must hold results)."""
+    path = Path(folder) / "results.jsonl"
+    if not path.is_file():
+        raise BSIError(f"'{folder}' holds no sweep results (no results.jsonl): give the --out folder of the sweep "
+                       "run elsewhere")
+    return path
+
+
 def parse_list(text: str, kind: type, flag: str) -> list:
     """``"0.8,0.6"`` -> [0.8, 0.6] for a comma-separated flag, with a one-line error naming ``flag``."""
     try:
@@ -154,15 +163,14 @@ class Sweep:
         self.out_dir = check_output_dir(out_dir)
         self.cache_dir = cache_dir
         self.dist = from_environment()  # several processes compute every cell together; rank 0 writes and times
-        self.rows: list[dict] = self._read_rows()
-        self._check_fingerprint()
-        self._check_precision()
-        self.lr_choices: dict[tuple[str, str, float], float] = {
-            (r["protocol"], r["method"], r["target"]): r["recover_lr"]
-            for r in self.rows if (r.get("lr_choice") or {}).get("chosen_here")}
-        self.dense: dict[int, Metrics] = {
-            r["seed"]: Metrics(r["accuracy"], r["loss"], r["examples"], r.get("loss_examples"), r.get("perplexity"))
-            for r in self.rows if r["method"] == REFERENCE}
+        self.rows: list[dict] = []
+        self.lr_choices: dict[tuple[str, str, float], float] = {}
+        self.dense: dict[int, Metrics] = {}
+        found = self._read_rows()
+        self._check_fingerprint(found, f"'{self.out_dir}' holds", "use a new --out folder to run this one")
+        self._check_precision(found, self.execution(), "this run would compute")
+        for row in found:
+            self._add_row(row)
         self.started = time.perf_counter()
 
     # ---------------------------------------------------------------- files
@@ -194,7 +202,7 @@ class Sweep:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def _read_rows(self, folder: Path | None = None) -> list[dict]:
-        path = self.results_path if folder is None else folder / self.results_path.name
+        path = self.results_path if folder is None else sweep_results(folder)
         if not path.is_file():
             return []
         rows = []
@@ -217,18 +225,10 @@ class Sweep:
         tables, figure) are rewritten.
         """
         source = Path(other)
-        theirs = self._read_rows(source)
-        if not theirs:
-            raise BSIError(f"'{source}' holds no sweep results (no {self.results_path.name}): give the --out folder "
-                           "of the sweep run elsewhere")
-        mine = self.fingerprint()
-        if any(row.get("fingerprint") != mine for row in theirs):
-            raise BSIError(f"'{source}' holds a sweep made with other settings (model, data, schedule, recovery or "
-                           "learning-rate grid) than this one: only folders of the same sweep merge")
-        dtypes = sorted({row["dtype"] for row in [*self.rows, *theirs] if row.get("dtype")})
-        if len(dtypes) > 1:
-            raise BSIError(f"'{source}' and '{self.out_dir}' hold rows computed in {' and '.join(dtypes)}: one folder "
-                           "holds one precision")
+        theirs = self._read_rows(source)  # a one-line error when it holds none
+        self._check_fingerprint(theirs, f"'{source}' holds", "only folders of the same sweep merge")
+        for row in theirs:  # one precision in the merged folder
+            self._check_precision(self.rows, row, f"'{source}' holds rows computed")
         here = {row_key(r): r for r in self.rows}
         new: list[dict] = []
         for row in theirs:
@@ -251,36 +251,45 @@ class Sweep:
         for name, text in outcomes.items() if self.dist.is_main else ():
             atomic_write_text(self.out_dir / name, text)
         for row in new:
-            if row["method"] == REFERENCE:
-                self.rows.insert(sum(r["method"] == REFERENCE for r in self.rows), row)
-                self.dense[row["seed"]] = Metrics(row["accuracy"], row["loss"], row["examples"],
-                                                  row.get("loss_examples"), row.get("perplexity"))
-            else:
-                self.rows.append(row)
-            if (row.get("lr_choice") or {}).get("chosen_here"):
-                self.lr_choices.setdefault((row["protocol"], row["method"], row["target"]), row["recover_lr"])
+            self._add_row(row)
         self.write()
         return [row_key(r) for r in new]
 
-    def _check_fingerprint(self) -> None:
+    def _add_row(self, row: dict) -> None:
+        """Hold a finished row: a dense reference after the others (and its metrics), a recorded lr choice."""
+        if row["method"] == REFERENCE:
+            self.rows.insert(sum(r["method"] == REFERENCE for r in self.rows), row)
+            self.dense[row["seed"]] = Metrics(row["accuracy"], row["loss"], row["examples"], row.get("loss_examples"),
+                                              row.get("perplexity"))
+        else:
+            self.rows.append(row)
+        if (row.get("lr_choice") or {}).get("chosen_here"):
+            self.lr_choices.setdefault((row["protocol"], row["method"], row["target"]), row["recover_lr"])
+
+    def _check_fingerprint(self, rows: list[dict], holder: str, advice: str) -> None:
+        """Refuse ``rows`` of another sweep (``holder``: "'folder' holds"; ``advice``: what to do instead)."""
         mine = self.fingerprint()
-        if any(row.get("fingerprint") != mine for row in self.rows):
-            raise BSIError(f"'{self.out_dir}' holds a sweep made with other settings (model, data, schedule, recovery "
-                           "or learning-rate grid); use a new --out folder to run this one")
+        if any(row.get("fingerprint") != mine for row in rows):
+            raise BSIError(f"{holder} a sweep made with other settings (model, data, schedule, recovery or "
+                           f"learning-rate grid); {advice}")
 
     def execution(self) -> dict[str, str]:
         """Where this process runs the sweep: ``{"device": "cpu" | "cuda", "dtype": "float32" | ...}`` (resolved)."""
         device = resolve_device(self.config.device)
         return {"device": device.type, "dtype": str(resolve_dtype(self.config.dtype, device)).removeprefix("torch.")}
 
-    def _check_precision(self) -> None:
-        """Refuse to add rows in another precision than the folder's (rows made before bsi recorded it are not checked)."""
-        mine = self.execution()["dtype"]
-        theirs = sorted({row["dtype"] for row in self.rows if row.get("dtype")} - {mine})
+    def _check_precision(self, rows: list[dict], new: dict, what: str) -> None:
+        """Refuse to put ``new`` (a row, or this run's :meth:`execution`, as ``what`` says) beside ``rows`` of another precision.
+
+        Rows made before bsi recorded their ``dtype`` are not checked.
+        """
+        if not new.get("dtype"):
+            return
+        theirs = sorted({row["dtype"] for row in rows if row.get("dtype")} - {new["dtype"]})
         if theirs:
-            raise BSIError(f"'{self.out_dir}' holds rows computed in {theirs[0]}, and this run would compute in {mine} "
-                           f"(--dtype {self.config.dtype} on {self.execution()['device']}); pass --dtype {theirs[0]} "
-                           "to extend it, or use a new --out folder")
+            raise BSIError(f"'{self.out_dir}' holds rows computed in {theirs[0]}, and {what} in {new['dtype']} "
+                           f"(on {new['device']}): one folder holds one precision; pass --dtype {theirs[0]} to extend "
+                           "it, else use a new --out folder")
 
     def write(self, *, summaries: bool = True) -> None:
         """Rewrite the settings and results (and with ``summaries`` the statistics, table and figure), atomically.
@@ -418,15 +427,13 @@ class Sweep:
         yield from pipeline.reference_stage()
         evaluation = pipeline.evaluations["finetuned"]
         metrics = evaluation.metrics
-        self.dense[seed] = metrics
         row = {"method": REFERENCE, "protocol": REFERENCE, "target": 1.0, "seed": seed, "fingerprint": self.fingerprint(),
                "params_total": pipeline.params_before, "params_before": pipeline.params_before, "compression_ratio": 1.0,
                "compressible_ratio": 1.0, **metrics.to_dict(), "outcomes": self._save_outcomes(REFERENCE, REFERENCE, 1.0, seed, evaluation),
                "eval_seconds": 0.0, **self.execution()}
         if "finetuned" in pipeline.perplexities:  # a text task: what every row's perplexity was measured on, and how
             row["perplexity_protocol"] = pipeline.perplexities["finetuned"]
-        row = self.dist.from_main(row)
-        self.rows.insert(sum(r["method"] == REFERENCE for r in self.rows), row)
+        self._add_row(self.dist.from_main(row))
         self.write()
 
     def _run(self, seed: int, method: str, protocol: str, missing: set[tuple[float, bool]], index, total: int, *,
