@@ -170,8 +170,20 @@ def test_seeds_run_in_copies_of_a_folder_merge_back(tmp_path, isolated_cache):
     assert "Computed in float32: seeds 0, 1 on cpu." in (here / "results.md").read_text()
     assert make_sweep(here, methods=("svd",), targets=(0.5,)).merge(there) == []  # twice: nothing new
 
+    rows = rows_of(there)  # the same cell recomputed elsewhere: other wall times, the same result
+    rows[-1]["eval_seconds"] += 1.0
+    (there / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert make_sweep(here, methods=("svd",), targets=(0.5,)).merge(there) == []
+
     before = (here / "results.jsonl").read_text()
-    rows = rows_of(there)
+    outcome = there / rows[-1]["outcomes"]
+    kept = outcome.read_text()
+    problems = json.loads(kept)
+    problems["correct"][0] = not problems["correct"][0]  # one problem's outcome differs
+    outcome.write_text(json.dumps(problems))
+    with pytest.raises(Exception, match="is in both folders with different results"):
+        make_sweep(here, methods=("svd",), targets=(0.5,)).merge(there)
+    outcome.write_text(kept)
     rows[-1]["loss"] += 1.0
     (there / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(Exception, match="is in both folders with different results"):

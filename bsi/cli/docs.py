@@ -187,7 +187,8 @@ def preset_table() -> str:
         if sweep:
             study = make_sweep_config(name)
             extra = "".join(f", {m} also {', '.join(f'{t:g}' for t in ts)}" for m, ts in study.extra_targets.items())
-            size += (f"; `bsi sweep`: targets {', '.join(f'{t:g}' for t in study.targets)}{extra}, seeds "
+            methods = "" if "methods" not in sweep else f"methods {', '.join(study.methods)}, "
+            size += (f"; `bsi sweep`: {methods}targets {', '.join(f'{t:g}' for t in study.targets)}{extra}, seeds "
                      f"{', '.join(map(str, study.seeds))}, protocols {', '.join(study.protocols)}")
         recovery = f"{c.recover.steps} steps at lr {c.recover.lr:g}"
         if sweep and make_sweep_config(name).lr_grid:

@@ -234,7 +234,7 @@ class Sweep:
         for row in theirs:
             key = row_key(row)
             if key in here:
-                if here[key] != row:
+                if not self._same_result(here[key], row, source):
                     raise BSIError(f"cell {key} is in both folders with different results: remove it from one of "
                                    f"'{source}' or '{self.out_dir}' first")
                 continue
@@ -254,6 +254,25 @@ class Sweep:
             self._add_row(row)
         self.write()
         return [row_key(r) for r in new]
+
+    def _same_result(self, mine: dict, theirs: dict, source: Path) -> bool:
+        """Whether a cell computed twice (here and in ``source``) gave the same result.
+
+        The rows must agree on everything but their wall times (``*_seconds``:
+        how long it took, not what it gave), and the two outcome files on
+        every problem. A cell recomputed on another machine of the same kind
+        is expected to agree: the merge is also how that is checked.
+        """
+        def result(row: dict) -> dict:
+            return {k: v for k, v in row.items() if not k.endswith("_seconds")}
+
+        if result(mine) != result(theirs):
+            return False
+        try:
+            return (json.loads((self.out_dir / mine["outcomes"]).read_text(encoding="utf-8"))
+                    == json.loads((source / theirs["outcomes"]).read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
 
     def _add_row(self, row: dict) -> None:
         """Hold a finished row: a dense reference after the others (and its metrics), a recorded lr choice."""
