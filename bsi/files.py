@@ -28,7 +28,7 @@ from bsi.errors import BSIError
 
 #: A folder holding any of these was written by bsi and may be replaced.
 BSI_MARKERS = ("bsi_config.json", "summary.json", "results.jsonl", "spectrum.json", "compare.json", "checkpoint",
-               "bsi_export.json")
+               "bsi_export.json", "sweep.lock")
 
 
 def _umask() -> int:
@@ -132,6 +132,49 @@ def refuse_to_replace(path: str | Path, force: bool) -> None:
     if found and not force:
         raise BSIError(f"'{path}' already holds a result ({', '.join(found)}); choose a new output folder, "
                        "or replace it with --force")
+
+
+@contextmanager
+def folder_lock(folder: str | Path, what: str, name: str = "sweep.lock") -> Iterator[None]:
+    """Hold ``folder`` for one writer: a second process that asks while it is held gets a one-line error.
+
+    A sweep reads its folder's rows, adds to them and rewrites the files; two
+    sweeps on one folder would each rewrite ``results.jsonl`` without the
+    other's rows. The lock is an advisory ``flock`` on ``folder/name``, which
+    holds the owner's process id (named in the error). The operating system
+    releases it when the process ends, however it ends, so a killed run
+    leaves no stale lock behind. Where ``fcntl`` does not exist (Windows) the
+    folder is not locked.
+
+    Raises:
+        BSIError: when another process holds the folder.
+    """
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here: run one writer per folder by hand
+        yield
+        return
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = open(folder / name, "a+", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            owner = handle.read().strip() or "unknown"
+            raise BSIError(f"'{folder}' is in use by another {what} (process {owner}): wait for it to end, "
+                           "or give another --out folder") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    finally:
+        handle.close()
 
 
 @contextmanager

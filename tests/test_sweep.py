@@ -195,6 +195,23 @@ def test_seeds_run_in_copies_of_a_folder_merge_back(tmp_path, isolated_cache):
     assert (here / "results.jsonl").read_text() == before  # refused merges write nothing
 
 
+def test_one_sweep_at_a_time_writes_a_folder_and_keeps_the_others_rows(tmp_path, isolated_cache):
+    out = tmp_path / "sweep"
+    late = make_sweep(out, methods=("svd",), targets=(0.5,))  # made before the other run writes anything
+    first = make_sweep(out, methods=("svd",), targets=(0.5,)).run()
+    next(first)  # the first run holds the folder from its first report on
+    with pytest.raises(Exception, match=r"is in use by another bsi sweep \(process \d+\)"):
+        next(make_sweep(out, methods=("svd",), targets=(0.5,)).run())
+    with pytest.raises(Exception, match="is in use by another bsi sweep"):
+        late.merge(out)
+    list(first)  # it finishes and lets go
+    written = rows_of(out)
+    assert [r["method"] for r in written] == ["dense", "svd"]
+    reports = list(late.run())  # reads the folder again: nothing left to run, nothing lost
+    assert all(r.skipped for r in reports if isinstance(r, CellReport))
+    assert rows_of(out) == written
+
+
 def test_speed_is_measured_for_every_model(isolated_cache):
     model, tokenizer = load_model_and_tokenizer("tiny-random-llama")
     speeds = measure_speeds({"a": model, "b": model}, tokenizer, new_tokens=4, repeats=2)

@@ -38,6 +38,7 @@ added to a finished one.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -55,7 +56,7 @@ from bsi.analysis.study import PUBLISHED, REFERENCE, folder_loader, recovered, s
 from bsi.config import ENGINE_METHODS, PROTOCOLS, PipelineConfig, SweepConfig, deep_update
 from bsi.data import is_text_task
 from bsi.errors import BSIError
-from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, json_object
+from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, folder_lock, json_object
 from bsi.models import resolve_device, resolve_dtype
 from bsi.pipeline.evaluate import Evaluation, Metrics
 from bsi.pipeline.distributed import from_environment
@@ -163,6 +164,15 @@ class Sweep:
         self.out_dir = check_output_dir(out_dir)
         self.cache_dir = cache_dir
         self.dist = from_environment()  # several processes compute every cell together; rank 0 writes and times
+        self._load()
+        self.started = time.perf_counter()
+
+    def _load(self) -> None:
+        """Read the folder's finished rows (checked against this sweep); :meth:`run` and :meth:`merge` read again.
+
+        They read again under the folder's lock, so that rows another process
+        added since this object was made are kept, not overwritten.
+        """
         self.rows: list[dict] = []
         self.lr_choices: dict[tuple[str, str, float], float] = {}
         self.dense: dict[int, Metrics] = {}
@@ -171,7 +181,10 @@ class Sweep:
         self._check_precision(found, self.execution(), "this run would compute")
         for row in found:
             self._add_row(row)
-        self.started = time.perf_counter()
+
+    def _exclusive(self):
+        """The folder's lock (:func:`bsi.files.folder_lock`), taken by the process that writes (rank 0)."""
+        return folder_lock(self.out_dir, "bsi sweep") if self.dist.is_main else contextlib.nullcontext()
 
     # ---------------------------------------------------------------- files
     @property
@@ -224,7 +237,11 @@ class Sweep:
         interruption leaves the folder as it was. The summaries (statistics,
         tables, figure) are rewritten.
         """
-        source = Path(other)
+        with self._exclusive():
+            self._load()
+            return self._merge(Path(other))
+
+    def _merge(self, source: Path) -> list[str]:
         theirs = self._read_rows(source)  # a one-line error when it holds none
         self._check_fingerprint(theirs, f"'{source}' holds", "only folders of the same sweep merge")
         for row in theirs:  # one precision in the merged folder
@@ -413,7 +430,16 @@ class Sweep:
 
     # ------------------------------------------------------------------ run
     def run(self) -> Iterator[Report | CellReport | LearningRateReport]:
-        """Run what is missing; yields every pipeline report, a LearningRateReport per choice, a CellReport per cell."""
+        """Run what is missing; yields every pipeline report, a LearningRateReport per choice, a CellReport per cell.
+
+        The folder is held for this run (another sweep on it is refused until
+        the run ends or its generator is closed) and read again first.
+        """
+        with self._exclusive():
+            self._load()
+            yield from self._run_missing()
+
+    def _run_missing(self) -> Iterator[Report | CellReport | LearningRateReport]:
         cells = self.cells()
         position = {key: i for i, key in enumerate(cells, start=1)}
         for seed in self.settings.seeds:
