@@ -731,7 +731,7 @@ SWEEP_PRESETS: dict[str, dict[str, Any]] = {
               "lr_grid": (2e-5, 1e-4, 5e-4), "lr_targets": (0.4, 0.1)},
     # Learning rates chosen at two sizes: bsi's choice at 0.15 (5e-4) used at 0.4 left it at 10.7% against basel's
     # 37% there; a mild cut wants a smaller rate than a deep one (docs/benchmarks.md, 2026-11-25).
-    # Only the methods the study can tell apart: plain `svd`, `fwsvd` and `asvd` answer at most 11% at any size on
+    # Only the methods the study can tell apart: plain `svd`, `fwsvd` and `asvd` answer at most 10.5% at any size on
     # every seed of `study` (docs/benchmarks.md), and `asvd`'s sensitivity search alone took 18 of study-quick's 80
     # minutes on 2 cores; without the three it took 43 minutes with an empty cache, fine-tune included (2026-11-26;
     # `--methods` adds them back).
