@@ -285,12 +285,13 @@ class Sweep:
 
         if result(mine) != result(theirs):
             return False
-        if mine.get("outcomes") is None:  # a row without outcome files (both: the rows agree)
+        name = mine.get("outcomes")  # the same in both rows, now
+        if name is None:  # no outcome files: the rows are the result
             return True
         try:
-            return (json.loads((self.out_dir / mine["outcomes"]).read_text(encoding="utf-8"))
-                    == json.loads((source / theirs["outcomes"]).read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError, TypeError):
+            return (json.loads((self.out_dir / name).read_text(encoding="utf-8"))
+                    == json.loads((source / name).read_text(encoding="utf-8")))
+        except (OSError, ValueError):  # an unreadable file cannot be shown to agree
             return False
 
     def _add_row(self, row: dict) -> None:
