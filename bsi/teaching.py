@@ -18,7 +18,10 @@ here, as small functions with tests:
   :func:`loss_change_when_dropped` (what the importance score predicts, measured);
 * :func:`result_of`: the value a report generator returns (its reports dropped);
 * :func:`doc_markdown`: a docstring as Markdown, so notebooks quote the code's
-  own explanations instead of copies that drift.
+  own explanations instead of copies that drift;
+* :func:`defaults_table_markdown`: the table "the paper and bsi's defaults",
+  its values read from :mod:`bsi.config` (notebook 02, the README and the
+  dashboard's help show it); :data:`FURTHER_READING`: the papers, cited.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bsi.config import PipelineConfig, SweepConfig, deep_update, make_config
+from bsi.config import PROTOCOLS, CompressConfig, PipelineConfig, SweepConfig, deep_update, make_config
 from bsi.errors import BSIError
 from bsi.method.curvature import LossFn, evaluation_mode, profile_batch, shifted_sigma
 from bsi.method.layers import BasisLinear, LowRankLinear, stored_cost
@@ -328,3 +331,112 @@ def doc_markdown(obj: Any, title: bool = True) -> str:
     except (TypeError, ValueError):
         signature = ""
     return f"**`{obj.__module__}.{name}{signature}`**\n\n{body}"
+
+
+# ------------------------------------------------------ the paper and bsi
+#: The two papers the project implements, as Markdown list items.
+FURTHER_READING = (
+    "Daniel Agyei Asante, Ernie Chang, Yang Li. *Importance-Guided Basis Selection for Low-Rank "
+    "Decomposition of Large Language Models* (BSI). arXiv:2605.01627, 2026. "
+    "<https://arxiv.org/abs/2605.01627>",
+    "Yang Li, Daniel Agyei Asante, Changsheng Zhao, Ernie Chang, Yangyang Shi, Vikas Chandra. *Basis "
+    "Selection: Low-Rank Decomposition of Pretrained Large Language Models for Target Applications* "
+    "(Basel). arXiv:2405.15877. <https://arxiv.org/abs/2405.15877>",
+)
+
+#: docs/method.md anchors the defaults table links to (tests check each heading exists).
+METHOD_SECTIONS = {
+    "bases": "2-which-bases-plain-or-whitened-svd",
+    "scores": "3-importance-scores",
+    "curvature": "4-curvature-sources",
+    "size": "6-how-much-goes-size-modes",
+    "selection": "7-which-bases-go-selection",
+    "cap": "8-the-cut-cap",
+    "schedule": "9-the-pruning-stage-round-by-round",
+    "protocols": "14-protocols-the-published-methods-and-bsis-tuned-defaults",
+}
+
+
+def _code(value: Any) -> str:
+    return f"`{value}`"
+
+
+def defaults_rows() -> list[dict[str, str]]:
+    """The rows of :func:`defaults_table_markdown`: setting, the paper's choice, bsi's default, why, where measured.
+
+    The two value columns are read from :data:`bsi.config.PROTOCOLS` (``paper``)
+    and from :class:`bsi.config.CompressConfig`'s defaults (bsi's ``tuned``
+    protocol), so they cannot drift from the code; the size rule and the
+    schedule, which no protocol sets, come from the defaults and from the
+    original method's rule (size mode ``keep``).
+    """
+    paper, ours = PROTOCOLS["paper"]["compress"], CompressConfig()
+    link = METHOD_SECTIONS
+
+    def where(*keys: str) -> str:
+        return ", ".join(f"[method.md §{link[k].split('-')[0]}](method.md#{link[k]})" for k in keys)
+
+    return [
+        {"setting": "bases", "paper": f"{_code(paper['bases'])}: SVD of W",
+         "bsi": f"{_code(ours.bases)}: SVD of W S (S S^T the inputs' covariance)",
+         "why": "keeping the first k whitened bases minimises the layer's output error on the task's inputs, "
+                "not its weight error; at bsi's schedule plain bases collapsed (the deviations bench)",
+         "measured": where("bases", "protocols")},
+        {"setting": "curvature", "paper": f"{_code(paper['curvature'])}: symmetric perturbations, probe scope "
+                                          f"{_code(paper['probe_scope'])}, {_code(paper['hessian_method'])}",
+         "bsi": f"{_code(ours.curvature)}: the empirical Fisher from per-example gradients",
+         "why": "free (the backward pass already holds the per-example gradients) and never negative; "
+                "one Hutchinson probe per batch is noisy and lost accuracy (the deviations bench)",
+         "measured": where("curvature", "protocols")},
+        {"setting": "eps floor", "paper": f"{_code(paper['eps_floor'])} (the eps rule alone)",
+         "bsi": f"{_code(ours.eps_floor)}",
+         "why": "below it, fp32 round-off of the two gradients swamps their difference (matters only for hutchinson)",
+         "measured": where("curvature")},
+        {"setting": "first-order terms", "paper": f"gradient_z {_code(paper['gradient_z'])}: always kept",
+         "bsi": f"gradient_z {_code(ours.gradient_z)}: kept where the gradient exceeds that many standard errors",
+         "why": "near a fine-tuned minimum the mean gradient is mostly noise; untested, it raised the loss after "
+                "recovery (the deviations bench)",
+         "measured": where("scores", "protocols")},
+        {"setting": "score window", "paper": f"{_code(paper['score_window'])}: the last iterations of a round",
+         "bsi": f"{_code(ours.score_window)}: every batch of the round",
+         "why": "the tuning steps' per-example gradients come free, so the scores average more batches",
+         "measured": where("scores", "protocols")},
+        {"setting": "size rule", "paper": "`keep`: each layer's importance-mass rule with KeepRatio",
+         "bsi": f"{_code(ours.size_mode)}: the compressible layers end at {_code(ours.target_ratio)} of their "
+                "dense size",
+         "why": "a size stated in advance, so that methods compare at equal size; the mass rule's size follows "
+                "from the scores",
+         "measured": where("size")},
+        {"setting": "selection", "paper": f"{_code(paper['selection'])}: one keep fraction for every layer",
+         "bsi": f"{_code(ours.selection)}: global (least importance per parameter across layers) for "
+                "bsi's loss-unit scores",
+         "why": "scores in loss units can weigh a basis of one layer against one of another; the mass rule gave a "
+                "higher loss on each of three seeds",
+         "measured": where("selection", "protocols")},
+        {"setting": "cut cap", "paper": f"max_cut_factor {_code(paper['max_cut_factor'])}: none",
+         "bsi": f"max_cut_factor {_code(ours.max_cut_factor)}: at most twice a round's even share of a layer",
+         "why": "keeps one round from emptying a layer on a noisy score; within noise over three seeds, kept as "
+                "a guard",
+         "measured": where("cap", "protocols")},
+        {"setting": "schedule", "paper": "long: tens of thousands of iterations",
+         "bsi": f"{ours.rounds} rounds of {ours.round_length} iterations ({ours.profiling_iters} profiling each), "
+                f"{ours.total_iters} in all",
+         "why": "what two CPU cores afford; each method in a comparison gets the same schedule",
+         "measured": where("schedule", "protocols")},
+    ]
+
+
+def defaults_table_markdown(docs: str = "docs/") -> str:
+    """The table "the paper and bsi's defaults" as Markdown, links relative to ``docs`` (the docs folder).
+
+    One row per setting where bsi's default (the ``tuned`` protocol,
+    :data:`bsi.config.PROTOCOLS`) departs from the published method: its
+    choice in the paper, bsi's, why bsi differs and where the difference was
+    measured. Values come from :func:`defaults_rows`. Give ``docs="../docs/"``
+    from a notebook, ``""`` from a page inside docs/.
+    """
+    lines = ["| setting | the paper | bsi's default | why bsi differs | measured in |", "|---|---|---|---|---|"]
+    for row in defaults_rows():
+        measured = row["measured"].replace("](method.md", f"]({docs}method.md")
+        lines.append(f"| {row['setting']} | {row['paper']} | {row['bsi']} | {row['why']} | {measured} |")
+    return "\n".join(lines)

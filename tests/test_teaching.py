@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
-from bsi.config import PRESETS, CompressConfig, make_config
+from bsi.config import PRESETS, PROTOCOLS, SIZE_MODES, CompressConfig, make_config
 from bsi.errors import BSIError
 from bsi.method.bases import svd_bases, whitened_bases
 from bsi.method.curvature import Fisher, GradientOnly, Hutchinson, exact_hessian, sigma_gradients
@@ -17,8 +19,12 @@ from bsi.method.scores import probe_vector
 from bsi.method.surgery import basis_layers, compressible_linear_names, to_basis_form, to_exported_form
 from bsi.models import EMBEDDED_MODEL, TINY_MODEL
 from bsi.teaching import (
+    FURTHER_READING,
+    METHOD_SECTIONS,
     NOTEBOOK_MODEL_ENV,
     block_index,
+    defaults_rows,
+    defaults_table_markdown,
     doc_markdown,
     loss_change_when_dropped,
     notebook_settings,
@@ -31,6 +37,7 @@ from bsi.teaching import (
 from tests.conftest import lm_loss, make_tiny_llama, token_batches
 
 LAYER = "model.layers.1.mlp.down_proj"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _batch(seed: int = 1) -> dict:
@@ -241,3 +248,39 @@ def test_doc_markdown_fences_literal_blocks():
         doc_markdown(undocumented)
 
 
+
+
+def _github_anchor(heading: str) -> str:
+    """The anchor a code host gives a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lstrip("#").strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_defaults_table_reads_its_values_from_the_config():
+    paper, ours = PROTOCOLS["paper"]["compress"], CompressConfig()
+    assert all(getattr(ours, key) == value for key, value in PROTOCOLS["tuned"]["compress"].items())  # tuned = defaults
+    rows = {row["setting"]: row for row in defaults_rows()}
+    for setting, key in [("bases", "bases"), ("curvature", "curvature"), ("selection", "selection"),
+                         ("cut cap", "max_cut_factor"), ("score window", "score_window"),
+                         ("first-order terms", "gradient_z"), ("eps floor", "eps_floor")]:
+        assert paper[key] != getattr(ours, key)
+        assert rows[setting]["paper"].count(f"`{paper[key]}`") == 1 and f"`{getattr(ours, key)}`" in rows[setting]["bsi"]
+    assert f"`{paper['probe_scope']}`" in rows["curvature"]["paper"]  # the published probe over the whole model
+    assert rows["size rule"]["paper"].startswith("`keep`") and "keep" in SIZE_MODES
+    assert f"`{ours.size_mode}`" in rows["size rule"]["bsi"] and f"`{ours.target_ratio}`" in rows["size rule"]["bsi"]
+    assert f"{ours.rounds} rounds of {ours.round_length} iterations" in rows["schedule"]["bsi"]
+    table = defaults_table_markdown("../docs/").splitlines()
+    assert len(table) == 2 + len(rows) and all(line.count("|") == 6 for line in table)
+    assert "](../docs/method.md#" in table[2] and "](docs/method.md#" in defaults_table_markdown().splitlines()[2]
+
+
+def test_defaults_table_links_to_headings_that_exist():
+    headings = [line for line in (ROOT / "docs" / "method.md").read_text().splitlines() if line.startswith("#")]
+    anchors = {_github_anchor(h) for h in headings}
+    assert set(METHOD_SECTIONS.values()) <= anchors
+    linked = set(re.findall(r"method\.md#([\w-]+)", defaults_table_markdown()))
+    assert linked and linked <= anchors
+
+
+def test_further_reading_cites_both_papers():
+    assert len(FURTHER_READING) == 2 and all("arXiv:" in ref and "https://arxiv.org/abs/" in ref for ref in FURTHER_READING)
