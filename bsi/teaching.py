@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -287,39 +288,107 @@ def result_of(reports: Generator[Any, None, Any]) -> Any:
 
 
 # ------------------------------------------------------------------- docs
+#: A cross-reference role of reStructuredText: ``:func:`~a.b.c``` and its kin.
+_ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|exc|obj|const):`(~?)([^`<]+?)(?:\s*<([^`>]+)>)?`")
+#: A rule of a reStructuredText simple table: runs of "=" separated by spaces.
+_TABLE_RULE = re.compile(r"^\s*=+(?:\s+=+)+\s*$")
+
+
+def _role_text(match: re.Match) -> str:
+    """``:func:`~bsi.a.b``` -> ```b```; ``:class:`bsi.a.B``` -> ```bsi.a.B```; explicit titles kept."""
+    tilde, name, target = match.groups()
+    if target is not None:  # :func:`title <target>`
+        return f"`{name.strip()}`"
+    return f"`{name.rsplit('.', 1)[-1] if tilde else name}`"
+
+
+def _inline(text: str) -> str:
+    """RST inline markup to Markdown: roles become code, double back-quotes single ones."""
+    return _ROLE.sub(_role_text, text.replace("``", "`"))
+
+
+def _rst_table(lines: list[str]) -> list[str]:
+    """A reStructuredText simple table (its rule lines included) as Markdown table rows.
+
+    Columns are the runs of ``=`` in the first rule; the last column takes
+    the rest of its line. Rows between the first two rules are the header
+    (with only two rules, the first row is). A line whose first column is
+    blank continues the row above.
+    """
+    spans = [m.span() for m in re.finditer(r"=+", lines[0])]
+    starts = [a for a, _ in spans]
+    rules = [n for n, line in enumerate(lines) if _TABLE_RULE.match(line)]
+    rows: list[list[str]] = []
+    for n, line in enumerate(lines):
+        if n in rules or not line.strip():
+            continue
+        cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], len(line) + 1])]
+        if rows and not cells[0] and n - 1 not in rules:
+            rows[-1] = [f"{old} {new}".strip() for old, new in zip(rows[-1], cells)]
+        else:
+            rows.append(cells)
+    header = len([n for n in range(rules[0], rules[1]) if n not in rules and lines[n].strip()]) if len(rules) > 2 else 1
+    header = max(1, header)
+    head = [" ".join(c for c in column if c) for column in zip(*rows[:header])]
+    out = ["| " + " | ".join(_inline(c) for c in head) + " |", "|" + "---|" * len(starts)]
+    out += ["| " + " | ".join(_inline(c).replace("|", "\\|") for c in row) + " |" for row in rows[header:]]
+    return out
+
+
 def doc_markdown(obj: Any, title: bool = True) -> str:
     """``obj``'s docstring as Markdown: a bold signature line, then the text with code kept verbatim.
 
-    Indented blocks after a ``::`` line (reStructuredText literal blocks) become
-    fenced code, and double back-quotes become single ones.
+    What reStructuredText the library's docstrings use becomes Markdown:
+
+    * literal blocks (indented after a ``::`` line) and doctest examples
+      (``>>>`` lines and their output) become fenced code;
+    * simple tables (columns under rules of ``=``) become Markdown tables;
+    * cross-references (``:func:``, ``:class:``, ``:meth:``, ``:mod:``,
+      ``:data:`` and their kin) become code, a leading ``~`` keeping the last
+      name only; double back-quotes become single ones.
+
+    ``title=False`` leaves out the signature line.
     """
     doc = inspect.getdoc(obj)
     if not doc:
         raise BSIError(f"{getattr(obj, '__qualname__', obj)!r} has no docstring")
+    lines = doc.splitlines()
     out: list[str] = []
-    in_code = False
-
-    def close() -> None:
-        while out and not out[-1].strip():
-            out.pop()
-        out.extend(["```", ""])
-
-    for line in doc.splitlines():
-        if in_code and line.strip() and not line.startswith(" "):
-            close()
-            in_code = False
-        if in_code:
-            if line.strip() or out[-1] != "```":  # no blank first line inside the fence
-                out.append(line[4:] if line.startswith("    ") else line)
+    n = 0
+    while n < len(lines):
+        line = lines[n]
+        if _TABLE_RULE.match(line):  # a simple table: up to its last rule
+            rules = [k for k in range(n, len(lines)) if _TABLE_RULE.match(lines[k])]
+            last = rules[2] if len(rules) > 2 and all(lines[k].strip() for k in range(rules[1], rules[2])) \
+                else rules[1] if len(rules) > 1 else None
+            if last is not None:
+                out.extend(_rst_table(lines[n:last + 1]))
+                n = last + 1
+                continue
+        if line.lstrip().startswith(">>>"):  # a doctest: its lines and their output, up to a blank line
+            block = []
+            while n < len(lines) and lines[n].strip():
+                block.append(lines[n].replace("  # doctest: +SKIP", "").rstrip())
+                n += 1
+            out.extend(["```python", *block, "```"])
             continue
-        text = line.replace("``", "`")
-        if text.rstrip().endswith("::"):
-            out.extend([text.rstrip()[:-1], "", "```"])
-            in_code = True
+        if line.rstrip().endswith("::"):  # a literal block follows: "text::" -> "text:", a lone "::" vanishes
+            text = _inline(line.rstrip()[:-2].rstrip())
+            if text:
+                out.append(text + (":" if not line.rstrip()[:-2].endswith(" ") else ""))
+            n += 1
+            block = []
+            while n < len(lines) and (not lines[n].strip() or lines[n].startswith(" ")):
+                block.append(lines[n][4:] if lines[n].startswith("    ") else lines[n].strip())
+                n += 1
+            while block and not block[0].strip():
+                block.pop(0)
+            while block and not block[-1].strip():
+                block.pop()
+            out.extend([*([""] if out and out[-1].strip() else []), "```", *block, "```", ""])
             continue
-        out.append(text)
-    if in_code:
-        close()
+        out.append(_inline(line))
+        n += 1
     body = "\n".join(out).strip()
     if not title:
         return body

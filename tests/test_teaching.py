@@ -284,3 +284,44 @@ def test_defaults_table_links_to_headings_that_exist():
 
 def test_further_reading_cites_both_papers():
     assert len(FURTHER_READING) == 2 and all("arXiv:" in ref and "https://arxiv.org/abs/" in ref for ref in FURTHER_READING)
+
+
+def test_doc_markdown_turns_rst_tables_roles_and_doctests_into_markdown():
+    def documented():
+        """Pick a method (:func:`~bsi.pipeline.methods.method_for`, :class:`bsi.config.CompressConfig`).
+
+        ==========  ========================
+        name        what it keeps
+        ==========  ========================
+        svd         each layer's top-k
+        basel       the largest ``|sigma|``,
+                    after re-learning
+        ==========  ========================
+
+        See :mod:`bsi.method` and :meth:`Pipeline.run_engine <bsi.pipeline.runner.Pipeline.run_engine>`::
+
+            x = W s   # verbatim, :func:`kept`
+
+        >>> documented()  # doctest: +SKIP
+        42
+        """
+
+    text = doc_markdown(documented, title=False)
+    assert text.splitlines()[0] == "Pick a method (`method_for`, `bsi.config.CompressConfig`)."
+    assert "| name | what it keeps |\n|---|---|\n| svd | each layer's top-k |\n" in text
+    assert "| basel | the largest `\\|sigma\\|`, after re-learning |" in text  # continuation line joined
+    assert "=====" not in text and ":func:" not in text.split("```")[0] and ":mod:" not in text
+    assert "See `bsi.method` and `Pipeline.run_engine`:\n\n```\nx = W s   # verbatim, :func:`kept`\n```" in text
+    assert "```python\n>>> documented()\n42\n```" in text and "doctest" not in text
+
+
+def test_doc_markdown_of_the_notebooks_modules_keeps_no_rst():
+    import bsi.analysis.stats
+    import bsi.pipeline.methods
+    import bsi.pipeline.perplexity
+
+    for module in (bsi.pipeline.methods, bsi.analysis.stats, bsi.pipeline.perplexity):
+        prose = doc_markdown(module).split("```")[::2]  # outside the fences
+        assert not any(re.search(r"^\s*=+\s+=+", part, re.M) or re.search(r":(func|class|mod|meth|data):`", part)
+                       for part in prose)
+    assert "| svd | each layer's top-k singular triplets |" in doc_markdown(bsi.pipeline.methods)
