@@ -25,7 +25,8 @@ import torch
 
 from bsi.analysis import figures
 from bsi.app import chat, compare, inspect, spectra
-from bsi.app.form import KNOBS, RATIOS, Form, build_config, checkpoint_progress, eps_rule_text, validate_upload
+from bsi.app.form import (KNOBS, RATIOS, SIZE_MODES, Form, build_config, checkpoint_progress, compute_eps_rule, eps_note,
+                          eps_rule_text, size_mode_line, validate_upload)
 from bsi.app.format import in_app_words, number_text, significant
 from bsi.app.job import cancel_job, run_job
 from bsi.app.layout import startup_lines
@@ -179,13 +180,39 @@ def test_upload_validation_names_the_line(tmp_path):
         validate_upload(str(tmp_path / "data.csv"))
 
 
-def test_eps_rule_display_matches_the_rule():
-    model, _ = load_model_and_tokenizer("tiny-random-llama")
-    value = sigma_max(model)
-    text = eps_rule_text(value, torch.float32)
-    assert f"**{number_text(eps_rule(value, torch.float32))}**" in text and number_text(value) in text
-    assert "0.1" in eps_rule_text(82.0, torch.bfloat16)  # capped in bf16
-    assert "press" in eps_rule_text(None)
+def test_eps_rule_text_states_the_floor_and_the_cap():
+    compress = make_config("default").compress
+    text = eps_rule_text(compress, torch.float32)
+    assert "2^-24" in text and "0.0001" in text and "whitened" in text and "press" in text
+    assert "no floor" in eps_rule_text(make_config("default", {"protocol": "paper"}).compress)
+    value = 82.0
+    shown = eps_rule_text(compress, torch.float32, value, eps_rule(value, torch.float32, 0.01, 0.1, 1e-4))
+    assert f"**{number_text(eps_rule(value, torch.float32, 0.01, 0.1, 1e-4))}**" in shown and "82" in shown
+
+
+def test_eps_rule_is_what_the_run_uses(tmp_path, monkeypatch):
+    """*Compute the rule* gives the eps the run then reports: the whitened bases of the fine-tuned model, the floor."""
+    from bsi.pipeline.runner import Pipeline
+
+    monkeypatch.setenv("BSI_CACHE", str(tmp_path))
+    form = dataclasses.replace(Form.for_preset("smoke"), curvature="hutchinson")
+    before = list(compute_eps_rule(form))[-1]
+    assert "before* its task fine-tune" in before  # nothing cached yet: said so
+    assert "floor 0.0001" in before
+    config = build_config(form)  # without the floor, so that the value is the whitened sigma_max's own
+    config = dataclasses.replace(config, compress=dataclasses.replace(config.compress, eps_floor=0.0))
+    rounds = [r for r in Pipeline(config).run() if isinstance(r, RoundReport)]
+    lines = list(compute_eps_rule(config))  # the fine-tune is cached now
+    assert any("Calibrating the whitened bases" in line for line in lines[:-1])
+    assert f"= **{number_text(rounds[0].eps)}**" in lines[-1] and "fine-tuned model" in lines[-1], lines[-1]
+    dense, _ = load_model_and_tokenizer("tiny-random-llama")
+    assert number_text(eps_rule(sigma_max(dense), torch.float32)) != number_text(rounds[0].eps)  # not the dense one
+    assert "switch **Curvature** to hutchinson" in eps_note("fisher") and "0 takes the rule" in eps_note("hutchinson")
+
+
+def test_size_modes_name_the_papers_rule():
+    assert dict((value, label) for label, value in SIZE_MODES)["keep"] == "the paper's size rule (KeepRatio)"
+    assert "KeepRatio^(1/T)" in size_mode_line("keep") and "paper's size rule" in size_mode_line("target")
 
 
 # ------------------------------------------------------------------ the job

@@ -26,8 +26,11 @@ from bsi.app.form import (
     RATIOS,
     Form,
     Knob,
+    SIZE_MODES,
     compute_eps_rule,
-    eps_rule_text,
+    eps_note,
+    rule_text,
+    size_mode_line,
     upload_message,
 )
 from bsi.app.state import JobBoard, Visitors
@@ -43,7 +46,7 @@ class CompressTab:
     connect: Any = None  # connect(round_dropdown, layer_dropdown): wire Start once the Inspect tab exists
 
 
-def _knob_input(knob: Knob, value: Any, visible: bool = True):
+def _knob_input(knob: Knob, value: Any, interactive: bool | None = None, elem_id: str | None = None):
     """The input for one knob: radio buttons for a field with choices, else a number box (help as its info).
 
     Number boxes get no minimum or maximum: :func:`bsi.app.form.build_config` checks the
@@ -52,9 +55,10 @@ def _knob_input(knob: Knob, value: Any, visible: bool = True):
     import gradio as gr
 
     if knob.choices is not None:
-        return gr.Radio(list(knob.choices), value=value, label=knob.label, info=knob.help, visible=visible)
+        return gr.Radio(list(knob.choices), value=value, label=knob.label, info=knob.help, interactive=interactive,
+                        elem_id=elem_id)
     return gr.Number(value=value, label=knob.label, info=knob.help, precision=0 if knob.integer else None,
-                     visible=visible)
+                     interactive=interactive, elem_id=elem_id)
 
 
 def _model_inputs(defaults: Form) -> dict[str, Any]:
@@ -91,7 +95,12 @@ def _text_inputs(defaults: Form) -> dict[str, Any]:
 
 
 def _method_inputs(defaults: Form) -> dict[str, Any]:
-    """The preset, the size inputs and every knob; plus ``eps_button``/``eps_text`` (the rule's calculator)."""
+    """The preset, the size inputs and every knob; plus the lines that explain the size mode and eps.
+
+    The hutchinson-only inputs (eps, the probe scope) stay in view, greyed out
+    with a line saying why while another curvature is chosen; the eps rule's
+    calculator (``eps_button``/``eps_text``) works for any choice.
+    """
     import gradio as gr
 
     gr.Markdown("### Method")
@@ -100,15 +109,19 @@ def _method_inputs(defaults: Form) -> dict[str, Any]:
                                     info="the starting point: schedule, fine-tune and recovery steps, batch sizes")}
     ratio = RATIOS[defaults.size_mode]
     with gr.Row():
-        inputs["size_mode"] = _knob_input(KNOB["size_mode"], defaults.size_mode)
+        inputs["size_mode"] = gr.Radio(list(SIZE_MODES), value=defaults.size_mode, label=KNOB["size_mode"].label,
+                                       elem_id="size-mode")
         inputs["size_value"] = gr.Number(value=defaults.size_value, label=ratio.label, info=ratio.help)
+    inputs["size_line"] = gr.Markdown(size_mode_line(defaults.size_mode), elem_id="size-line")
     for row in (("rounds", "gamma"), ("score", "bases"), ("curvature", "probe_scope"), ("eps",)):
         with gr.Row():
             for attr in row:
-                inputs[attr] = _knob_input(KNOB[attr], getattr(defaults, attr),
-                                           visible=hutchinson or attr not in HUTCHINSON_ONLY)
-    inputs["eps_button"] = gr.Button("Compute the rule", size="sm", visible=hutchinson)
-    inputs["eps_text"] = gr.Markdown(eps_rule_text(None), visible=hutchinson)
+                only = attr in HUTCHINSON_ONLY
+                inputs[attr] = _knob_input(KNOB[attr], getattr(defaults, attr), interactive=hutchinson if only else None,
+                                           elem_id=f"{attr.replace('_', '-')}-field")
+    inputs["eps_note"] = gr.Markdown(eps_note(defaults.curvature), elem_id="eps-note")
+    inputs["eps_button"] = gr.Button("Compute the rule", size="sm", elem_id="eps-button")
+    inputs["eps_text"] = gr.Markdown(rule_text(defaults), elem_id="eps-rule")
     with gr.Row():
         for attr in ("recover_train", "recover_distill"):
             inputs[attr] = _knob_input(KNOB[attr], getattr(defaults, attr))
@@ -129,8 +142,9 @@ def _outputs() -> dict[str, Any]:
     return out
 
 
-def _wire_form(inputs: dict[str, Any], upload_status, eps_parts: list) -> None:
-    """The form's own reactions: show what applies, refill from a preset, check an upload."""
+def _wire_form(inputs: dict[str, Any], upload_status, lines: dict[str, Any], form: list) -> None:
+    """The form's own reactions: show what applies, say what the size mode and eps do, refill from a preset,
+    check an upload. ``lines`` holds the explaining Markdown (``size_line``, ``eps_note``, ``eps_text``)."""
     import gradio as gr
 
     def on_model_source(source):
@@ -148,12 +162,14 @@ def _wire_form(inputs: dict[str, Any], upload_status, eps_parts: list) -> None:
 
     def on_size_mode(mode):
         ratio = RATIOS.get(mode, RATIOS["target"])
-        return gr.update(label=ratio.label, info=ratio.help)
+        return gr.update(label=ratio.label, info=ratio.help), size_mode_line(mode)
 
-    inputs["size_mode"].change(on_size_mode, inputs["size_mode"], inputs["size_value"])
-    hutchinson = [inputs[attr] for attr in HUTCHINSON_ONLY] + eps_parts
-    inputs["curvature"].change(lambda c: [gr.update(visible=c == "hutchinson")] * len(hutchinson),
-                               inputs["curvature"], hutchinson)
+    inputs["size_mode"].change(on_size_mode, inputs["size_mode"], [inputs["size_value"], lines["size_line"]])
+    only = [inputs[attr] for attr in HUTCHINSON_ONLY]
+    inputs["curvature"].change(lambda c: [gr.update(interactive=c == "hutchinson")] * len(only) + [eps_note(c)],
+                               inputs["curvature"], [*only, lines["eps_note"]])
+    for attr in ("bases", "preset"):  # what the rule's formula depends on (the floor comes with the preset)
+        inputs[attr].change(lambda *values: rule_text(Form(*values)), form, lines["eps_text"])
     refilled = ["model_source", "data_source", *TEXT_INPUTS, "size_mode", "size_value",
                 *(knob.attr for knob in KNOBS if knob.attr != "size_mode")]
 
@@ -179,7 +195,9 @@ def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visito
             inputs = _model_inputs(defaults)
             upload_status = gr.Markdown()
             inputs.update(_method_inputs(defaults))
-            eps_button, eps_text = inputs.pop("eps_button"), inputs.pop("eps_text")
+            eps_button = inputs.pop("eps_button")
+            lines = {key: inputs.pop(key) for key in ("size_line", "eps_note", "eps_text")}
+            eps_text = lines["eps_text"]
             inputs["out_dir"] = gr.Textbox(value=defaults.out_dir, label="Save to folder",
                                            info="optional; empty keeps the result in memory. A run saved to a "
                                                 "folder can be resumed there after a Cancel.")
@@ -190,13 +208,13 @@ def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visito
         with gr.Column(scale=3):
             outputs = _outputs()
     form = [inputs[f.name] for f in dataclasses.fields(Form)]
-    _wire_form(inputs, upload_status, [eps_button, eps_text])
+    _wire_form(inputs, upload_status, lines, form)
 
     def on_eps(*values):
         try:
-            return compute_eps_rule(Form(*values))
+            yield from compute_eps_rule(Form(*values))
         except BSIError as err:
-            return f"Error: {in_app_words(str(err), LABELS)}"
+            yield f"**Error:** {in_app_words(str(err), LABELS)}"
 
     eps_button.click(on_eps, form, eps_text, concurrency_limit=1)
     visitors = Visitors() if visitors is None else visitors

@@ -8,8 +8,10 @@ list. :func:`build_config` turns the form into a validated
 :class:`~bsi.config.PipelineConfig` through :func:`bsi.config.make_config`
 (giving a ratio sets the size mode, see :func:`bsi.config.implied_updates`),
 and words every refusal with the form's own labels. :func:`output_folder`
-checks the *Save to folder* input, and :func:`eps_rule_text` explains the
-hutchinson step next to its field.
+checks the *Save to folder* input, :func:`size_mode_line` says what the size
+mode does, and :func:`eps_note`, :func:`eps_rule_text` and
+:func:`compute_eps_rule` explain the hutchinson step next to its field
+(computed by the engine, as the run computes it).
 
 No Gradio here: the tab's layout is :mod:`bsi.app.compress`, the running job
 :mod:`bsi.app.job`; both read the form from this module.
@@ -21,6 +23,7 @@ import copy
 import dataclasses
 import gc
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ from bsi.config import PRESETS, CompressConfig, PipelineConfig, RecoverConfig, f
 from bsi.data import EMBEDDED_TASK, WIKITEXT_2, WIKITEXT_2_RELEASE, is_text_task, read_jsonl, read_text_corpus
 from bsi.errors import BSIError
 from bsi.files import check_output_dir
-from bsi.method.scores import eps_rule, fraction_bits
+from bsi.method.scores import fraction_bits
 from bsi.method.surgery import sigma_max
 from bsi.models import EMBEDDED_MODEL, TINY_MODEL, resolve_device, resolve_dtype
 
@@ -99,6 +102,8 @@ KNOB = {knob.attr: knob for knob in KNOBS}
 #: The ratio each size mode reads (the form's one "ratio" input writes the one that applies).
 RATIOS = {"target": Knob("size_value", "compress", "target_ratio", "Target ratio"),
           "keep": Knob("size_value", "compress", "keep_ratio", "KeepRatio")}
+#: The size mode's radio: (label, value). The paper's rule by its name, one click away.
+SIZE_MODES = (("Target ratio: the final size (bsi's default)", "target"), ("the paper's size rule (KeepRatio)", "keep"))
 HUTCHINSON_ONLY = ("probe_scope", "eps")
 #: Configuration field -> the form's label for it (for messages, :func:`bsi.app.format.in_app_words`).
 LABELS = {knob.name: knob.label for knob in (*KNOBS, *RATIOS.values())} | dict(TEXT_INPUTS.values())
@@ -141,6 +146,16 @@ class Form:
         data = "wikitext-2" if config.data == WIKITEXT_2 else "embedded"
         return cls(model_source=model, data_source=data, window=config.window, eval_windows=config.eval_windows or 0,
                    preset=preset, size_value=float(config.compress.ratio), **values)
+
+
+def size_mode_line(mode: str) -> str:
+    """One line under the size inputs: what the chosen size mode does."""
+    if mode == "keep":
+        return ("**KeepRatio** (the paper's size rule): every round, each layer keeps its most important bases "
+                "that hold KeepRatio^(1/T) of its pool's positive importance; the final size follows from the "
+                "scores, it is not fixed in advance.")
+    return ("**Target ratio** (bsi's default): the compressible layers end at this share of their parameters, cut "
+            "in even steps over the rounds. For the paper's rule, choose *the paper's size rule (KeepRatio)*.")
 
 
 # ------------------------------------------------------------------ validation
@@ -326,38 +341,94 @@ def output_folder(out_dir: str, resume: bool = False) -> Path | None:
 
 
 # ------------------------------------------------------------------ eps rule
-def eps_rule_text(value_of_sigma_max: float | None, dtype: torch.dtype = torch.float32, alpha: float = 0.01,
-                  eps_max: float = 0.1) -> str:
-    """The eps rule with its value, for the label next to the eps field.
+def eps_note(curvature: str) -> str:
+    """One line under the eps field: what eps does for ``curvature``, and how to use it when it does nothing."""
+    if curvature == "hutchinson":
+        return ("eps: the hutchinson curvature moves every sigma by +eps and -eps and differences the gradients; "
+                "0 takes the rule below.")
+    return (f"eps is not used now: the {curvature} curvature reads gradients only, it perturbs nothing. To set eps, "
+            "switch **Curvature** to hutchinson.")
+
+
+def eps_rule_text(compress: CompressConfig, dtype: torch.dtype = torch.float32, value_of_sigma_max: float | None = None,
+                  eps: float | None = None, source: str = "") -> str:
+    """The eps rule of ``compress`` in ``dtype``, with its value once the run's ``sigma_max`` is known.
 
     The hutchinson curvature perturbs sigma by ``eps``; the rule picks the
-    smallest step whose rounding error stays below ``alpha`` of the change:
-    ``min(2^-(f+1) * sigma_max / alpha, eps_max)`` with ``f`` the dtype's
-    fraction bits (:func:`bsi.method.scores.eps_rule`).
+    smallest step whose rounding error stays below ``alpha`` of the change,
+    at most ``eps_max`` and at least the protocol's ``eps_floor``:
+    ``max(min(2^-(f+1) * sigma_max / alpha, eps_max), eps_floor)`` with ``f``
+    the dtype's fraction bits (:func:`bsi.method.scores.eps_rule`).
+    ``sigma_max`` is the largest coefficient of the bases the run prunes
+    (whitened ones by default), and ``eps`` the value the engine computed
+    from it (:func:`compute_eps_rule`); ``source`` says which model they are for.
     """
     f = fraction_bits(dtype)
     name = str(dtype).removeprefix("torch.")
-    if value_of_sigma_max is None:
-        return (f"eps rule: min(2^-(f+1) * sigma_max / alpha, {eps_max}) with f = {f} ({name}), alpha = {alpha}; "
-                "press *Compute the rule* (or start a run) to evaluate it for this model.")
-    value = eps_rule(value_of_sigma_max, dtype, alpha, eps_max)
-    return (f"eps rule: min(2^-{f + 1} * {number_text(value_of_sigma_max)} / {alpha}, {eps_max}) = "
-            f"**{number_text(value)}** ({name}, sigma_max = {number_text(value_of_sigma_max)})")
+    formula = (f"max(min(2^-{f + 1} * sigma_max / {number_text(compress.eps_alpha)}, {number_text(compress.eps_max)}), "
+               f"{number_text(compress.eps_floor)})")
+    floor = (f"floor {number_text(compress.eps_floor)}: bsi's, the gradients' round-off" if compress.eps_floor
+             else "no floor: the method's rule")
+    if value_of_sigma_max is None or eps is None:
+        return (f"eps rule ({name}, {floor}): {formula}, sigma_max the largest coefficient of the run's "
+                f"{compress.bases} bases; press *Compute the rule* to evaluate it as the run will.")
+    text = formula.replace("sigma_max", number_text(value_of_sigma_max))
+    return (f"eps rule ({name}, {floor}): {text} = **{number_text(eps)}**, sigma_max = "
+            f"{number_text(value_of_sigma_max)} the largest coefficient of the {compress.bases} bases{source}")
 
 
-def compute_eps_rule(form: Form) -> str:
-    """Load the chosen model (on CPU) and show the rule's value for it in the run's dtype."""
-    config = build_config(form)
-    from bsi.models import load_model_and_tokenizer
+def rule_text(form: Form) -> str:
+    """The eps rule for the form as it stands (before *Compute the rule*); the preset's when a field is invalid."""
+    try:
+        config = build_config(form)
+    except BSIError:
+        config = make_config(form.preset if form.preset in PRESETS else "default")
+    return eps_rule_text(config.compress, resolve_dtype(config.dtype, resolve_device(config.device)))
 
-    dtype = resolve_dtype(config.dtype, resolve_device(config.device))
-    model, _ = load_model_and_tokenizer(config.model, dtype=torch.float32, trust_remote_code=config.trust_remote_code)
-    value = sigma_max(model)
-    del model
-    gc.collect()
-    return eps_rule_text(value, dtype, config.compress.eps_alpha, config.compress.eps_max)
+
+def compute_eps_rule(form: Form | PipelineConfig) -> Iterator[str]:
+    """The eps the run of ``form`` (or of a configuration) will use, computed by the pipeline and the engine themselves; yields progress, then the text.
+
+    The rule reads the largest coefficient of the bases the run prunes, so it
+    takes what the run takes: the model, loaded as the run loads it, its task
+    fine-tune when the cache holds it, and the engine's own conversion of the
+    layers (:meth:`bsi.method.engine.Compressor.convert`: with whitened bases,
+    calibration on the run's first batches), after which the engine holds the
+    rule's value (``Compressor.eps``).
+    """
+    from bsi.method.engine import Compressor
+    from bsi.models import cache_root
+    from bsi.pipeline.losses import answer_token_loss
+    from bsi.pipeline.runner import Pipeline, finetune_cache_key
+
+    config = build_config(form) if isinstance(form, Form) else form
+    compress = dataclasses.replace(config.compress, eps=None)  # the rule, whatever the field holds
+    yield f"Loading `{config.model}` as the run does…"
+    pipeline = Pipeline(config)
+    try:
+        pipeline.load()
+        cached = (cache_root(pipeline.cache_dir) / "finetuned" / finetune_cache_key(config, pipeline.dtype)
+                  / "config.json").is_file()
+        if cached or config.skip_finetune or config.finetune.steps == 0:
+            for _ in pipeline.finetune_stage():  # loads the cached fine-tune (or skips, as the run does)
+                pass
+            source = " of the fine-tuned model, as the run computes it"
+        else:
+            source = (" of the model *before* its task fine-tune (not cached yet: the run computes the rule after "
+                      "it; its log says 'eps used')")
+        compressor = Compressor(pipeline.model, pipeline.stream(2), compress, answer_token_loss,
+                                compute_dtype=pipeline.dtype, seed=config.seed)
+        for report in compressor.convert():
+            yield f"Calibrating the {compress.bases} bases on the run's batches: {report.step} of {report.total_steps}…"
+        value = sigma_max(pipeline.model)
+        eps = compressor.eps
+    finally:
+        pipeline.model = None
+        del pipeline
+        gc.collect()
+    yield eps_rule_text(compress, resolve_dtype(config.dtype, resolve_device(config.device)), value, eps, source)
 
 
 __all__ = ["Form", "Knob", "KNOBS", "RATIOS", "LABELS", "MAX_UPLOAD_BYTES", "MODEL_SOURCES", "DATA_SOURCES", "TEXT_INPUTS",
            "build_config", "validate_upload", "upload_message", "output_folder", "checkpoint_progress",
-           "eps_rule_text", "compute_eps_rule"]
+           "eps_rule_text", "eps_note", "rule_text", "compute_eps_rule", "SIZE_MODES", "size_mode_line"]
