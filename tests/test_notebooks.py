@@ -6,6 +6,12 @@ interpreter, with a private bsi cache; a cell error fails the test. Each
 notebook ends with a cell that sets ``outcome`` (a dict of its key numbers)
 and prints ``Result: ...``; each must have drawn plotly figures, and its
 ``outcome`` must show what the notebook teaches (:data:`CHECKS`).
+
+Every notebook ends with a recap, at least three exercises whose solutions
+open on demand (``<details>`` blocks in Markdown cells) and a further-reading
+list citing both papers; the code of every solution is run after the
+notebook, in the same kernel, so a solution that no longer matches the API
+fails here.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -113,6 +120,28 @@ def test_builder_reads_the_percent_format_and_detects_outputs(tmp_path):
         build.parse_cells("# %% [markdown]\nnot a comment\n")
 
 
+#: A solution block in a Markdown cell: its Python code, to run after the notebook.
+SOLUTION = re.compile(r"<details><summary>Solution</summary>\s*```python\n(.*?)```.*?</details>", re.S)
+PAPERS = ("arXiv:2605.01627", "arXiv:2405.15877")  # BSI, Basel
+
+
+def solutions(nb) -> list[str]:
+    """The code of every exercise's solution, in order."""
+    return [code for cell in nb.cells if cell.cell_type == "markdown" for code in SOLUTION.findall(cell.source)]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_ends_with_a_recap_exercises_and_further_reading(path):
+    nb = nbformat.read(path, as_version=4)
+    markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    headings = re.findall(r"^## (.+)$", markdown, re.M)
+    assert headings[-3:] == ["Recap", "What to try", "Further reading"]
+    assert len(solutions(nb)) >= 3 and markdown.count("<details>") == markdown.count("</details>") == len(solutions(nb))
+    assert markdown.count("What you should see") >= len(solutions(nb))  # each solution says what to look for
+    reading = markdown.split("## Further reading")[1]
+    assert all(paper in reading for paper in PAPERS) and "docs/" in reading
+
+
 def _texts(nb) -> list[str]:
     out = []
     for cell in nb.cells:
@@ -134,6 +163,7 @@ def test_notebook_runs_on_the_tiny_model(path, tmp_path, monkeypatch):
     nb = nbformat.read(path, as_version=4)
     probe = nbformat.v4.new_code_cell("import sys, json, bsi\nprint('KERNEL', sys.executable, bsi.__file__)\n"
                                       "print('OUTCOME', json.dumps(outcome, default=float))")
+    nb.cells.extend(nbformat.v4.new_code_cell(code) for code in solutions(nb))  # the exercises' solutions
     nb.cells.append(probe)
     client = NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=False,
                             resources={"metadata": {"path": str(tmp_path)}})

@@ -297,3 +297,120 @@ print(f"Result: {len(layers)} layers ({sum(l.rank for l in layers.values()):,} b
       f"max |logit change| {logit_change:.1e}; keeping half of {name.rsplit('.', 1)[-1]}'s bases loses "
       f"{output_at_half['whitened']:.1%} of its output on held-out task inputs with whitened bases against "
       f"{output_at_half['plain SVD']:.1%} with plain ones; ran in {time.perf_counter() - start:.0f} s")
+
+# %% [markdown]
+# ## Recap
+#
+# * A linear layer is a sum of rank-one bases, `W = sum_i sigma_i u_i v_i^T`;
+#   dropping basis `i` means `sigma_i := 0`, and keeping `r` of them costs
+#   `r (in + out)` parameters (plus `a (in + out)` for `a` auxiliary vectors).
+# * The **Basel form** (`BasisLinear`) is exact at start: the whole model
+#   computed the same logits after the conversion (the largest change printed
+#   in section 5 is float32 round-off).
+# * *Which* factorisation matters once bases go: the plain SVD keeps the weight
+#   (Eckart-Young), the whitened SVD keeps the layer's output on the task's
+#   inputs. At half the bases, the whitened ones lost less of the output on
+#   held-out task batches (the `Result:` line has both figures).
+# * A layer saves parameters only below its break-even rank
+#   `r* = in*out/(in+out) - a`, about half its full rank: compression only
+#   starts paying once a layer has lost half its bases.
+#
+# In numbers, this run:
+
+# %%
+display(Markdown(
+    f"* conversion: max logit change {logit_change:.1e} (logits up to {outcome['logit_scale']:.3g})\n"
+    f"* {name}, half the bases kept: output error {output_at_half['whitened']:.1%} (whitened) against "
+    f"{output_at_half['plain SVD']:.1%} (plain SVD) on held-out inputs\n"
+    f"* break-even rank of {name} with a = {aux}: {break_even_rank(fin, fout, aux):.0f} of {min(fin, fout)}"))
+
+# %% [markdown]
+# ## What to try
+#
+# Each exercise runs after the notebook, in the same kernel (it uses the
+# variables above). Predict the outcome first, then open the solution.
+#
+# **1. Damping: far too small and far too large.** `whitened_bases` adds
+# `damping * mean(diag C) * I` to the covariance before factorising it. What
+# happens to the output error at half the bases when the damping is huge? And
+# when it is tiny?
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# half = sigma.numel() // 2
+# for damping in (1e-6, 1e-3, 1e-1, 10.0, 1e3):
+#     damped = whitened_bases(linear.weight, covariance, damping)  # (U, sigma, V)
+#     error = float(truncation_errors(linear.weight, damped, test_covariance)[half])
+#     print(f"damping {damping:>6g}: output error at half the bases {error:.3f}")
+# print(f"plain SVD:       output error at half the bases {output_at_half['plain SVD']:.3f}")
+# ```
+#
+# What you should see: as the damping grows the added identity swamps the
+# covariance, `S` becomes a multiple of the identity and the whitened bases
+# turn into the plain SVD: the error climbs to the plain SVD's figure. Tiny
+# damping keeps the full benefit of whitening as long as the covariance is
+# invertible; the default 1e-3 sits on the flat part.
+#
+# </details>
+#
+# **2. Is one layer typical?** Repeat section 3's comparison at half the bases
+# for every compressible layer of the model (the model is now in Basel form;
+# `dense_weight()` gives each layer's `W` back). In how many layers do the
+# whitened bases lose less output on the held-out batches?
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# held = result_of(input_statistics(model, {n: model.get_submodule(n) for n in names}, iter(held_out),
+#                                   len(held_out), covariance=True)).covariance()  # name -> (in, in)
+# wins = []
+# for n in names:
+#     w = model.get_submodule(n).dense_weight().detach()  # (out, in), exact: the auxiliary term is zero
+#     k = min(w.shape) // 2
+#     e_plain = float(truncation_errors(w, svd_bases(w), held[n])[k])
+#     e_white = float(truncation_errors(w, whitened_bases(w, covariances[n]), held[n])[k])
+#     wins.append(e_white < e_plain)
+# print(f"whitened bases lose less output in {sum(wins)} of {len(wins)} layers")
+# ```
+#
+# What you should see: on the embedded model the whitened bases win in most
+# layers, often by a wide margin (real activations are far from isotropic). On
+# the tiny random model the inputs are close to noise and the two are close,
+# so the count there says little.
+#
+# </details>
+#
+# **3. Auxiliary vectors: `aux_rank` 0 against 8 and 32.** Predict how the
+# break-even rank of `name` moves with the number of auxiliary vectors `a`,
+# then check it with `break_even_rank` and `factor_cost`.
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# for a in (0, 8, 32):
+#     r_star = break_even_rank(fin, fout, a)
+#     print(f"a = {a:>2}: break-even rank {r_star:.1f}; 100 bases cost {factor_cost(fin, fout, 100, a):,} "
+#           f"parameters (dense {fin * fout:,})")
+# ```
+#
+# What you should see: the break-even rank falls by exactly `a` (each
+# auxiliary vector pair costs `in + out`, as much as one basis), and the cost
+# of 100 bases grows by `a (in + out)`. Auxiliary vectors are bought with
+# bases: at a fixed size, `aux_rank 8` keeps 8 fewer bases per layer.
+#
+# </details>
+#
+# ## Further reading
+#
+# * BSI: Daniel Agyei Asante, Ernie Chang, Yang Li. *Importance-Guided Basis
+#   Selection for Low-Rank Decomposition of Large Language Models*.
+#   [arXiv:2605.01627](https://arxiv.org/abs/2605.01627), 2026.
+# * Basel: Yang Li, Daniel Agyei Asante, Changsheng Zhao, Ernie Chang, Yangyang
+#   Shi, Vikas Chandra. *Basis Selection: Low-Rank Decomposition of Pretrained
+#   Large Language Models for Target Applications*.
+#   [arXiv:2405.15877](https://arxiv.org/abs/2405.15877).
+# * [docs/method.md](../docs/method.md), sections 1 (the Basel form) and 2
+#   (plain or whitened bases).
+# * Next: [02 · Importance scoring](02_importance_scoring.ipynb), which bases
+#   can go.
