@@ -1,0 +1,172 @@
+"""Tables from the GPU scripts' result files (issue 43), written here after the device returned them.
+
+    python bench/gpu_report.py /work/.device/.../compress.json --cpu default=runs/default --cpu demo=runs/demo
+    python bench/gpu_report.py bf16.json dashboard.json e2e.json > /tmp/gpu-tables.md
+
+Each file names its ``kind`` (written by the script that made it):
+
+* ``compress`` (``bench/gpu_compress.py``): one row per preset and dtype:
+  accuracy and answer-token loss after compression, their paired difference
+  from the same preset's CPU float32 run with a bootstrap 95% interval
+  (:func:`bsi.analysis.stats.paired_difference`, on the same test problems:
+  the question hashes must agree), the compression ratio, and the wall time
+  of every stage. ``--cpu PRESET=FOLDER`` names the CPU run folder of a
+  preset (its ``summary.json`` and ``outcomes.jsonl``: ``bsi compress --preset
+  PRESET --out FOLDER`` on the 2-core machine); without one the row has no
+  difference.
+* ``bf16_rounds`` (``bench/bf16_rounds.py``): per round, how far the bf16
+  engine's scores and cuts stand from float32's on the same weights.
+* ``dashboard`` (``bench/gpu_dashboard.py``): time to the first round and to Done.
+* ``e2e`` (``bench/gpu.py --sections e2e``): seconds and peak memory per stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
+
+from bsi.analysis.stats import Outcomes, paired_difference  # noqa: E402
+from bsi.analysis.study import interval_text  # noqa: E402
+from bsi.errors import BSIError  # noqa: E402
+
+STAGES = ("load", "finetune", "conversion", "rounds", "recovery", "evaluation", "save")
+
+
+def seconds(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def cpu_reference(folder: str | Path) -> dict:
+    """A CPU run folder's compressed-model outcomes, the hash of its questions, and its metrics."""
+    folder = Path(folder)
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        lines = [json.loads(line) for line in (folder / "outcomes.jsonl").read_text(encoding="utf-8").splitlines()
+                 if line.strip()]
+    except (OSError, ValueError) as err:
+        raise BSIError(f"'{folder}' is not a finished `bsi compress` run folder ({err}): give the --out folder of "
+                       "the CPU run") from None
+    mine = sorted((r for r in lines if r["model"] == "recovered"), key=lambda r: r["index"])
+    sha = hashlib.sha256("\n".join(r["question"] for r in mine).encode()).hexdigest()[:16] if mine else None
+    return {"summary": summary, "sha": sha, "outcomes": Outcomes.from_columns(
+        {k: [r[k] for r in mine] for k in ("correct", "loss_sum", "tokens")})}
+
+
+def compress_table(result: dict, cpu: dict[str, dict]) -> str:
+    """The ``compress`` result as two markdown tables: quality against the CPU run, then wall time per stage."""
+    device = result["machine"].get("gpu") or result["machine"].get("cpu")
+    lines = [f"`bsi compress` on {device} ({result['date']}; torch {result['machine']['torch']}), the 2-core CPU "
+             "float32 run of the same preset as reference (paired bootstrap 95% intervals, same test problems):", "",
+             "| preset | dtype | complete | ratio | accuracy | loss | accuracy - CPU (points) | loss - CPU | "
+             "CPU accuracy / loss |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for run in result["runs"]:
+        after = (run.get("metrics") or {}).get("recovered")
+        acc = f"{100 * after['accuracy']:.1f}% (n={after['examples']})" if after else "-"
+        loss = f"{after['loss']:.4f}" if after else "-"
+        diff_acc = diff_loss = ref_text = "-"
+        ref = cpu.get(run["preset"])
+        if ref is not None and run.get("outcomes", {}).get("recovered"):
+            ref_text = f"{100 * ref['outcomes'].accuracy():.1f}% / {ref['outcomes'].loss():.4f}"
+            if ref["sha"] != run.get("questions_sha"):
+                diff_acc = diff_loss = "other problems"
+            else:
+                mine = Outcomes.from_columns(run["outcomes"]["recovered"])
+                diff_acc = interval_text(paired_difference([mine], [ref["outcomes"]], "accuracy").to_dict(), 100, 1,
+                                         signed=True)
+                diff_loss = interval_text(paired_difference([mine], [ref["outcomes"]], "loss").to_dict(), 1, 4,
+                                          signed=True)
+        ratio = f"{run['compression_ratio']:.2f}x" if run.get("compression_ratio") else "-"
+        lines.append(f"| `{run['preset']}` | {run['dtype']} | {'yes' if run['complete'] else 'no: ' + run.get('stopped', '')} "
+                     f"| {ratio} | {acc} | {loss} | {diff_acc} | {diff_loss} | {ref_text} |")
+    lines += ["", "Wall time per stage, seconds (fine-tune 0.0: from the cache):", "",
+              "| preset | dtype | " + " | ".join(STAGES) + " | first round | total | CPU total | speed-up | peak GiB |",
+              "|---|---|" + "---|" * (len(STAGES) + 5)]
+    for run in result["runs"]:
+        stages = run.get("stages", {})
+        ref = cpu.get(run["preset"])
+        cpu_total = ref["summary"].get("seconds") if ref else None
+        total = run.get("seconds")
+        speed = f"{cpu_total / total:.1f}x" if cpu_total and total else "-"
+        peak = run.get("memory", {}).get("peak_gib")
+        lines.append(f"| `{run['preset']}` | {run['dtype']} | " + " | ".join(seconds(stages.get(s)) for s in STAGES)
+                     + f" | {seconds(run.get('first_round_s'))} | {seconds(total)} | {seconds(cpu_total)} | {speed} | "
+                       f"{'-' if peak is None else f'{peak:.1f}'} |")
+    if result.get("not_run"):
+        lines += ["", f"Not run (budget): {', '.join(result['not_run'])}."]
+    return "\n".join(lines)
+
+
+def bf16_table(result: dict) -> str:
+    device = result["machine"].get("gpu") or result["machine"].get("cpu")
+    runs = result["runs"]
+    lines = [f"bf16 against float32 on the same fine-tuned weights (`{result['preset']}`, protocol {result['protocol']}, "
+             f"{device}; eps {runs['float32']['eps']:.3g} / {runs['bfloat16']['eps']:.3g}); per layer, median "
+             "[min, max]:", "",
+             "| round | importance rank correlation | pruned-set overlap | sigma rel. diff | gradient rel. diff | "
+             "curvature rel. diff | monitor loss after the cut, fp32 / bf16 |", "|---|---|---|---|---|---|---|"]
+
+    def cell(entry) -> str:
+        return "-" if entry is None else f"{entry['median']:.3f} [{entry['min']:.3f}, {entry['max']:.3f}]"
+
+    for row, a, b in zip(result["layers"], runs["float32"]["rounds"], runs["bfloat16"]["rounds"]):
+        lines.append(f"| {row['round']} | {cell(row['spearman'])} | {cell(row['pruned_jaccard'])} | "
+                     f"{cell(row['sigma_rel'])} | {cell(row['grad_rel'])} | {cell(row['curvature_rel'])} | "
+                     f"{a['loss_after']:.4f} / {b['loss_after']:.4f} |")
+    return "\n".join(lines)
+
+
+def dashboard_table(result: dict) -> str:
+    device = result["machine"].get("gpu") or result["machine"].get("cpu")
+    return "\n".join([
+        f"The dashboard on {device} (`python app.py`, preset `{result['preset']}` driven through gradio_client):", "",
+        "| server up | first round | Done | rounds seen | outcome |", "|---|---|---|---|---|",
+        f"| {seconds(result.get('server_up_s'))} s | {seconds(result.get('first_round_s'))} s | "
+        f"{seconds(result.get('done_s'))} s | {result.get('rounds_seen', '-')} | {result.get('outcome', '-')} |"])
+
+
+def e2e_table(result: dict) -> str:
+    e2e = result["e2e"]
+    lines = [f"End to end on {result['device']} ({e2e['shape']}, {e2e['dtype']}, random weights):", "",
+             "| stage | seconds | peak GiB | note |", "|---|---|---|---|"]
+    for name, stage in e2e["stages"].items():
+        lines.append(f"| {name} | {seconds(stage.get('seconds'))} | {stage.get('peak_gib', float('nan')):.2f} | "
+                     f"{stage.get('note', '')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("files", nargs="+", help="result files of the GPU scripts")
+    p.add_argument("--cpu", action="append", default=[], metavar="PRESET=FOLDER",
+                   help="the CPU float32 run folder of a preset, the reference of the compress table (repeatable)")
+    args = p.parse_args(argv)
+    cpu = {}
+    for item in args.cpu:
+        preset, sep, folder = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--cpu takes PRESET=FOLDER, got '{item}'")
+        cpu[preset] = cpu_reference(folder)
+    tables = []
+    for name in args.files:
+        result = json.loads(Path(name).read_text(encoding="utf-8"))
+        kind = result.get("kind") or ("e2e" if "e2e" in result else None)
+        render = {"compress": lambda r: compress_table(r, cpu), "bf16_rounds": bf16_table,
+                  "dashboard": dashboard_table, "e2e": e2e_table}.get(kind)
+        if render is None:
+            raise SystemExit(f"'{name}' is no result of the GPU scripts (kind {kind!r})")
+        tables.append(render(result))
+    print("\n\n".join(tables))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BSIError as err:
+        raise SystemExit(f"error: {err}") from None
