@@ -10,8 +10,30 @@
 #
 # $$I_i \;=\; -\sigma_i\,\mathbb{E}\!\left[\frac{\partial l}{\partial \sigma_i}\right] \;+\; \tfrac12\,\sigma_i^2\,\mathbb{E}\!\left[\frac{\partial^2 l}{\partial \sigma_i^2}\right].$$
 #
+# **Where the score comes from, in three lines.** Write `l(sigma)` for the loss
+# of one batch as a function of the layer's coefficients and `e_i` for the
+# `i`-th unit vector. Removing basis `i` is the step `-sigma_i e_i`:
+#
+# 1. Expand the loss to second order along that step; only coordinate `i`
+#    moves, so only `dl/dsigma_i` and the Hessian's diagonal entry appear:
+#    $l(\sigma - \sigma_i e_i) = l(\sigma) - \sigma_i\,\frac{\partial l}{\partial \sigma_i} + \tfrac12\,\sigma_i^2\,\frac{\partial^2 l}{\partial \sigma_i^2} + O(\sigma_i^3)$.
+# 2. Take the expectation over the task's batches (the coefficients fixed):
+#    $\mathbb{E}[l(\sigma - \sigma_i e_i) - l(\sigma)] \approx -\sigma_i\,\mathbb{E}[\partial l/\partial \sigma_i] + \tfrac12\,\sigma_i^2\,\mathbb{E}[\partial^2 l/\partial \sigma_i^2]$.
+# 3. The score `I_i` is this predicted increase of the loss: the basis whose
+#    removal is predicted to cost least goes first (a negative `I_i` predicts
+#    that removing it *lowers* the loss).
+#
+# The first term needs the gradient, which a backward pass gives. The second
+# needs the Hessian's diagonal `h_i`, which no pass gives directly: it is
+# *estimated*, and bsi and the paper estimate it differently. **bsi's default
+# curvature is the empirical Fisher** (`compress.curvature = "fisher"`, free
+# from the per-example gradients); **the paper's is Hutchinson's estimate with
+# symmetric perturbations** of size `eps` (`"hutchinson"`, two extra gradient
+# passes per probe). Section 2 compares them, with the table of every default
+# where bsi departs from the paper.
+#
 # BSI prunes the bases with the smallest `I_i`. This notebook computes every
-# ingredient on one real layer:
+# ingredient on one real layer, then on the whole model:
 #
 # 1. the scores as the library has them, and the gradient `g_i = E[dl/dsigma_i]`;
 # 2. the curvature `h_i ~ E[d2l/dsigma_i^2]`: exactly (double backward), and from the
@@ -19,7 +41,9 @@
 # 3. how the Hutchinson estimate depends on the number of probes and on `eps`;
 # 4. the candidate pool (the only bases that get scored and may be pruned);
 # 5. the scores' terms and their choices against `|sigma_i|` (what Basel uses),
-#    checked against the loss change actually measured.
+#    checked against the loss change actually measured;
+# 6. the whole model during a real run: each ranking's whole cut, measured on
+#    held-out problems.
 
 # %%
 import math
@@ -47,7 +71,8 @@ from bsi.pipeline.baselines import input_statistics
 from bsi.pipeline.evaluate import dataset_loss
 from bsi.pipeline.losses import answer_token_loss
 from bsi.pipeline.runner import Pipeline
-from bsi.teaching import doc_markdown, loss_change_when_dropped, notebook_settings, profile_rows, result_of
+from bsi.teaching import (defaults_table_markdown, doc_markdown, loss_change_when_dropped, notebook_settings,
+                          profile_rows, result_of)
 
 hf_logging.disable_progress_bar()  # no loading bars between the results
 settings = notebook_settings()
@@ -115,6 +140,16 @@ fig.show()
 
 # %%
 display(Markdown(doc_markdown(bsi.method.curvature)))
+
+# %% [markdown]
+# **The paper and bsi's defaults.** The paper's curvature is Hutchinson's; bsi
+# runs the Fisher unless told otherwise (`--curvature hutchinson`, or
+# `--protocol paper` for every published setting at once). The table below is
+# generated from `bsi.config`, so it states the values the code runs; each
+# difference links to where it was measured:
+
+# %%
+display(Markdown(defaults_table_markdown("../docs/")))
 
 # %% [markdown]
 # To compare, we take a probe set of a few bases spread over this layer's
@@ -382,7 +417,7 @@ for i, m in zip(check, measured_change.tolist()):
 # remove its *whole* budget at once. From its docstring:
 
 # %%
-display(Markdown(bsi.analysis.ranking.__doc__))
+display(Markdown(doc_markdown(bsi.analysis.ranking, title=False)))
 run_config = settings.pipeline_config({"eval_examples": 0, "validation_size": settings.test_size,
                                        "recover": {"steps": 0}, "compress": {"score": "bsi", "rounds": 2}})
 run = Pipeline(run_config)
@@ -430,3 +465,123 @@ print(f"Result: on {name}, Hessian diagonal on {positions.numel()} bases within 
       f"Fisher); BSI and Basel disagree on {len(pruned['bsi'] ^ pruned['basel'])} of {pool.numel()} pool bases; "
       f"mean |prediction error| {prediction_error['bsi']:.1e} with curvature vs {prediction_error['bsi-grad']:.1e} "
       f"without; ran in {time.perf_counter() - start:.0f} s")
+
+# %% [markdown]
+# ## Recap
+#
+# * The score is the second-order Taylor prediction of the loss increase of
+#   the step `-sigma_i e_i`: `I_i = -sigma_i g_i + sigma_i^2 h_i / 2`, a
+#   gradient term and a curvature term in loss units.
+# * The gradient is exact and cheap; the curvature is estimated. Hutchinson's
+#   symmetric perturbations (the paper's) are unbiased, their error is noise
+#   that falls like `1/sqrt(probes)`, set by the Hessian's off-diagonal mass;
+#   the Fisher (bsi's default) costs nothing extra and is never negative, but
+#   estimates the Gauss-Newton part, not the Hessian.
+# * `eps` has a valley: too small and float32 round-off of the two gradients
+#   dominates, too large and the third-order terms do.
+# * Only a candidate pool of the smaller bases is scored; every score prunes
+#   the same budget, and BSI and Basel's `|sigma_i|` disagree on which bases go.
+# * Single-basis predictions were checked against the measured loss changes,
+#   and on the whole model a round's whole cut was measured each way.
+#
+# In numbers, this run:
+
+# %%
+display(Markdown(
+    "\n".join(f"* {label}: relative error of the diagonal {error:.0%}" for label, error in relative_error.items())
+    + f"\n* Hutchinson on the first batch: {measured[0]:.0%} error with 1 probe, {measured[-1]:.0%} with {sizes[-1]}"
+    + f"\n* BSI and Basel disagree on {len(pruned['bsi'] ^ pruned['basel'])} of {pool.numel()} pool bases"
+    + f"\n* mean |predicted - measured| loss change: {prediction_error['bsi']:.1e} with the curvature term, "
+      f"{prediction_error['bsi-grad']:.1e} without"))
+
+# %% [markdown]
+# ## What to try
+#
+# Each exercise runs after the notebook, in the same kernel (it uses the
+# variables above). Predict the outcome first, then open the solution.
+#
+# **1. Hutchinson against the Fisher, at a few probe counts.** Average 1, 4 and
+# all `settings.probes` Hutchinson probes per batch and compare each diagonal's
+# error with the Fisher's. How many probes does Hutchinson need to beat the
+# Fisher on this layer, and what does each probe cost?
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# for s in sorted({1, 4, settings.probes}):
+#     hutch = torch.stack([rows[:s].mean(0) for rows in probe_rows]).mean(0)  # (k,) s probes per batch
+#     error = float((hutch - exact_diag).norm() / exact_diag.norm())
+#     print(f"hutchinson, {s:>2} probe(s) per batch: relative error {error:.2f} "
+#           f"({2 * s} extra gradient passes per batch)")
+# print(f"fisher: {relative_error['fisher']:.2f}, mc-fisher: {relative_error['mc-fisher']:.2f} (no extra pass, "
+#       f"one extra for mc-fisher)")
+# ```
+#
+# What you should see: Hutchinson's error falls roughly like `1/sqrt(s)` (it is
+# noise); the Fisher's is one number, its bias, which no averaging removes.
+# Whether Hutchinson passes the Fisher within these probes depends on the
+# layer; every probe costs two gradient passes while the Fisher costs none,
+# which is why bsi defaults to the Fisher.
+#
+# </details>
+#
+# **2. `eps` far too small and far too large.** Extend section 3's sweep to
+# `1e-9` and `0.99`. What does the one-probe estimate do at each end?
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# for e in (1e-9, 1e-7, eps, 0.5, 0.99):
+#     row = profile_rows(Hutchinson(eps=e, scope="model", center="average"), model, layer, positions, batches[:1],
+#                        loss_fn, torch.Generator().manual_seed(7))[2][0, positions].double()  # (k,) same z as target
+#     print(f"eps {e:8.1e}: relative error against z*(Hz) {float((row - target).norm() / target.norm()):.2e}")
+# ```
+#
+# What you should see: at `1e-9` the two gradients agree to float32 round-off,
+# so their difference divided by `eps` is round-off blown up: an error near or
+# above 1 (100%). At `0.99` the step is no longer small and the third-order
+# terms enter: the error grows again. The rule's `eps` (with bsi's floor) lies
+# in between; on the tiny random model the valley is shallower.
+#
+# </details>
+#
+# **3. The Taylor score with the exact curvature.** On the probe set,
+# predict each basis' loss change with the exact diagonal, with each source's
+# estimate and with the gradient term alone, and compare with the measured
+# change. How much of the prediction error is the estimate's, and how much the
+# expansion's?
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# measured_k = loss_change_when_dropped(model, layer, batches, loss_fn, positions.tolist())  # (k,)
+# s_k, g_k = sigma[positions], grad[positions]  # (k,), (k,): the coefficients and the batches' mean gradient
+# curvatures = {"exact": exact_diag.float(), **{label: e.float() for label, e in estimates.items()},
+#               "none (gradient term only)": torch.zeros_like(s_k)}
+# for label, h_k in curvatures.items():
+#     predicted = -s_k * g_k + 0.5 * s_k**2 * h_k  # the Taylor score of each basis
+#     print(f"{label:>26}: mean |predicted - measured| {float((predicted - measured_k).abs().mean()):.2e}")
+# ```
+#
+# What you should see: with the exact diagonal, what is left is the error of
+# the expansion itself (the terms of order `sigma_i^3` and up, largest for the
+# largest coefficients). An estimated diagonal adds its own error on top, so
+# the estimates usually do worse than the exact diagonal, and the source with
+# the smaller relative error in section 2 usually predicts better.
+#
+# </details>
+#
+# ## Further reading
+#
+# * BSI: Daniel Agyei Asante, Ernie Chang, Yang Li. *Importance-Guided Basis
+#   Selection for Low-Rank Decomposition of Large Language Models*.
+#   [arXiv:2605.01627](https://arxiv.org/abs/2605.01627), 2026. The score and
+#   the symmetric-perturbation estimator come from there.
+# * Basel: Yang Li, Daniel Agyei Asante, Changsheng Zhao, Ernie Chang, Yangyang
+#   Shi, Vikas Chandra. *Basis Selection: Low-Rank Decomposition of Pretrained
+#   Large Language Models for Target Applications*.
+#   [arXiv:2405.15877](https://arxiv.org/abs/2405.15877). Its score is `|sigma_i|`.
+# * [docs/method.md](../docs/method.md), sections 3 (scores), 4 (curvature
+#   sources, the eps rule) and 5 (the pool); [docs/curvature.md](../docs/curvature.md)
+#   compares the sources on many layers.
+# * Next: [03 · Pruning rounds](03_pruning_rounds.ipynb), the engine at work.
