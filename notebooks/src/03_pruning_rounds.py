@@ -315,3 +315,141 @@ print(f"Result: {params_before:,} -> {params_after:,} parameters ({params_before
       f"compressible layers at {after['compressible share']:.0%} for a target of {c.target_ratio:.0%}) in "
       f"{len(rounds)} rounds; accuracy {before['accuracy']:.0%} -> {after['accuracy']:.0%}, loss "
       f"{before['loss']:.3f} -> {after['loss']:.3f}; ran in {time.perf_counter() - start:.0f} s")
+
+# %% [markdown]
+# ## Recap
+#
+# * The engine prunes in rounds: each round tunes `sigma` and the auxiliary
+#   vectors, profiles the score's statistics, then removes a parameter budget's
+#   worth of bases. The budgets shrink evenly in factor parameters and only the
+#   last one is the stored-size target, which the run lands on.
+# * Each cut raises the loss on the fixed batch; the next round's tuning steps
+#   win part of it back. That is why the method cuts gradually.
+# * One budget is shared by every layer, so layers shrink at different speeds:
+#   the heat map and the by-kind bars show which ones the task needs least.
+# * Recovery exports each layer to two factors (or dense, where that is
+#   smaller) and fine-tunes them; the compressed model is an ordinary
+#   transformers model that answers the same questions.
+#
+# In numbers, this run:
+
+# %%
+display(Markdown(
+    f"* parameters {params_before:,} -> {params_after:,} ({params_before / params_after:.2f}x the whole model); "
+    f"compressible layers at {after['compressible share']:.1%} for a target of {c.target_ratio:.0%}\n"
+    f"* {len(rounds)} rounds; largest cut on the fixed batch: "
+    f"{max(r.loss_after - r.loss_before for r in rounds):+.3f} in loss\n"
+    f"* accuracy {before['accuracy']:.0%} -> {after['accuracy']:.0%}, test loss {before['loss']:.3f} -> "
+    f"{after['loss']:.3f} (on {config.eval_examples} problems: a small sample)\n"
+    f"* the layer that kept least: {final.sort_values('kept')['layer'].iloc[0]} "
+    f"({final['kept'].min():.0%} of its rank)"))
+
+# %% [markdown]
+# ## What to try
+#
+# Each exercise runs after the notebook, in the same kernel (it uses the
+# variables above), and runs the pipeline again with one setting changed: on
+# the embedded model a few minutes each (the fine-tune is cached), on the tiny
+# model seconds. Predict the outcome first, then open the solution.
+#
+# **1. The `basel` and `bsi` rank heat maps side by side.** Run the same
+# pipeline with `score="basel"` (which selects with each layer's mass rule,
+# one keep fraction for all layers) and draw both heat maps of section 6 next
+# to each other. Which spreads the cuts more evenly over the layers?
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# def rounds_with(compress):
+#     """The round reports of a run of this notebook's configuration with `compress` changed (no evaluation)."""
+#     run = Pipeline(settings.pipeline_config({"eval_examples": 0, "recover": {"steps": 0}, "compress": compress}))
+#     return [r for r in run.run() if isinstance(r, RoundReport)]
+#
+#
+# basel_rounds = rounds_with({"score": "basel"})
+# fig = make_subplots(rows=1, cols=2, subplot_titles=("bsi", "basel"), shared_yaxes=True)
+# spread = {}
+# for col, (label, reports) in enumerate((("bsi", rounds), ("basel", basel_rounds)), start=1):
+#     history_of = rank_history(reports)  # name -> [r_0, ..., r_T]
+#     kept = [[r / history_of[n][0] for r in history_of[n]] for n in names]
+#     spread[label] = float(torch.tensor([row[-1] for row in kept]).std())
+#     fig.add_trace(go.Heatmap(z=kept, y=labels, colorscale="Viridis", zmin=0, zmax=1, showscale=col == 2),
+#                   row=1, col=col)
+# fig.update_yaxes(autorange="reversed")
+# fig.update_layout(height=max(300, 9 * len(names)), title="Share of each layer's rank kept, round by round")
+# fig.show()
+# print({label: f"std of the final kept share across layers {s:.3f}" for label, s in spread.items()})
+# ```
+#
+# What you should see: both runs reach the same size, but not by the same
+# cuts. `bsi` ranks every pool basis of every layer together by predicted
+# loss per parameter, so some layers keep almost everything while others lose
+# most of their rank; `basel` gives every layer the same keep fraction of its
+# `|sigma|` mass, so how much a layer loses follows the shape of its spectrum.
+# The printed spreads say which run cut more unevenly on this model.
+#
+# </details>
+#
+# **2. `aux_rank` 0 against 8.** The `demo` preset gives every layer 8
+# auxiliary vectors. Run it with `aux_rank=0`: at the same target size, how
+# many more bases does the model keep, and what happens to the test loss?
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# run0 = Pipeline(settings.pipeline_config({"compress": {"aux_rank": 0}}))
+# reports0 = list(run0.run())
+# rounds0 = [r for r in reports0 if isinstance(r, RoundReport)]
+# final0 = [r for r in reports0 if isinstance(r, EvalReport)][-1]
+# bases_kept = {f"aux_rank {c.aux_rank}": sum(layer.rank_after for layer in rounds[-1].layers),
+#               "aux_rank 0": sum(layer.rank_after for layer in rounds0[-1].layers)}
+# print(bases_kept, f"({len(rounds[-1].layers)} layers)")
+# print(f"aux_rank {c.aux_rank}: accuracy {after['accuracy']:.0%}, loss {after['loss']:.3f}; "
+#       f"aux_rank 0: accuracy {final0.accuracy:.0%}, loss {final0.loss:.3f}")
+# ```
+#
+# What you should see: the same compressible size, with roughly `aux_rank`
+# more bases per layer kept when there are no auxiliary vectors (each vector
+# pair costs as much as a basis). The loss and accuracy differ a little; on
+# this few test problems a small difference is noise, not a finding (notebook
+# 05 shows how to tell).
+#
+# </details>
+#
+# **3. One cut instead of several.** Run with `rounds=1` (the same iterations,
+# one cut at the end) and compare its cut on the fixed batch with the gradual
+# run's cuts. Why does the method prune gradually?
+#
+# <details><summary>Solution</summary>
+#
+# ```python
+# single = rounds_with({"rounds": 1})  # the helper of exercise 1
+# print(f"one round: loss on the fixed batch {single[0].loss_before:.3f} -> {single[0].loss_after:.3f}, "
+#       f"{single[0].removed:,} bases at once")
+# for r in rounds:
+#     print(f"round {r.round}: {r.loss_before:.3f} -> {r.loss_after:.3f}, {r.removed:,} bases")
+# ```
+#
+# What you should see: on the embedded model the single cut raises the loss
+# far more than any gradual cut, and more than the gradual run's last
+# "after" value: removing everything at once leaves no tuning steps to adapt
+# `sigma` between cuts, and the Taylor score, exact only for small steps, is
+# asked to predict one very large step. On the tiny random model the loss
+# barely moves either way (it has learned nothing to lose).
+#
+# </details>
+#
+# ## Further reading
+#
+# * BSI: Daniel Agyei Asante, Ernie Chang, Yang Li. *Importance-Guided Basis
+#   Selection for Low-Rank Decomposition of Large Language Models*.
+#   [arXiv:2605.01627](https://arxiv.org/abs/2605.01627), 2026. Its Algorithm 1
+#   is the round structure run here.
+# * Basel: Yang Li, Daniel Agyei Asante, Changsheng Zhao, Ernie Chang, Yangyang
+#   Shi, Vikas Chandra. *Basis Selection: Low-Rank Decomposition of Pretrained
+#   Large Language Models for Target Applications*.
+#   [arXiv:2405.15877](https://arxiv.org/abs/2405.15877).
+# * [docs/method.md](../docs/method.md), sections 6 to 10 (size modes, selection,
+#   the cut cap, the rounds, the pipeline); [docs/cli.md](../docs/cli.md) for the
+#   same run from the command line (`bsi compress --preset demo`).
+# * Next: [04 · Curvature](04_curvature.ipynb), how many probes suffice.
