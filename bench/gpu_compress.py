@@ -64,8 +64,6 @@ from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepRe
 
 DEFAULT_RUNS = "default:bfloat16,default:float32,demo:bfloat16,demo:float32"
 DTYPES = ("float32", "bfloat16", "float16")
-#: the stages of the results table, in pipeline order
-STAGES = ("load", "finetune", "conversion", "rounds", "recovery", "evaluation", "save")
 
 
 def parse_runs(text: str) -> list[tuple[str, str]]:

@@ -17,7 +17,9 @@ Each file names its ``kind`` (written by the script that made it):
 * ``bf16_rounds`` (``bench/bf16_rounds.py``): per round, how far the bf16
   engine's scores and cuts stand from float32's on the same weights.
 * ``dashboard`` (``bench/gpu_dashboard.py``): time to the first round and to Done.
-* ``e2e`` (``bench/gpu.py --sections e2e``): seconds and peak memory per stage.
+* ``gpu`` (``bench/gpu.py``): its ``e2e`` section (seconds and peak memory
+  per stage) and its ``svd`` section (seconds per matrix and reconstruction
+  error of each way to factorise).
 """
 
 from __future__ import annotations
@@ -130,14 +132,35 @@ def dashboard_table(result: dict) -> str:
         f"{seconds(result.get('done_s'))} s | {result.get('rounds_seen', '-')} | {result.get('outcome', '-')} |"])
 
 
-def e2e_table(result: dict) -> str:
-    e2e = result["e2e"]
-    lines = [f"End to end on {result['device']} ({e2e['shape']}, {e2e['dtype']}, random weights):", "",
-             "| stage | seconds | peak GiB | note |", "|---|---|---|---|"]
-    for name, stage in e2e["stages"].items():
-        lines.append(f"| {name} | {seconds(stage.get('seconds'))} | {stage.get('peak_gib', float('nan')):.2f} | "
-                     f"{stage.get('note', '')} |")
-    return "\n".join(lines)
+def gpu_tables(result: dict) -> str:
+    """``bench/gpu.py``'s e2e and svd sections (the older sections have their own figures in docs)."""
+    tables = []
+    if "e2e" in result:
+        e2e = result["e2e"]
+        lines = [f"End to end on {result['device']} ({e2e['shape']}, {e2e['dtype']}, random weights, {e2e['bases']} "
+                 f"bases, batch {e2e['batch'][0]} x {e2e['batch'][1]}):", "",
+                 "| stage | seconds | peak GiB | note |", "|---|---|---|---|"]
+        for name in e2e.get("order") or list(e2e["stages"]):
+            stage = e2e["stages"][name]
+            peak = stage.get("peak_gib")
+            lines.append(f"| {name} | {seconds(stage.get('seconds'))} | {'-' if peak is None else f'{peak:.2f}'} | "
+                         f"{stage.get('note', '')} |")
+        tables.append("\n".join(lines))
+    if "svd" in result:
+        lines = [f"The conversion's factorisation on {result['device']}, seconds per matrix ({result['svd']['batch']} "
+                 "matrices of each shape) / relative reconstruction error:", "",
+                 "| way | " + " | ".join(f"{n} x{v['per_model']}" for n, v in result["svd"]["shapes"].items()) + " |",
+                 "|---|" + "---|" * len(result["svd"]["shapes"])]
+        ways = list(dict.fromkeys(w for v in result["svd"]["shapes"].values() for w in v["ways"]))
+        for way in ways:
+            cells = []
+            for v in result["svd"]["shapes"].values():
+                got = v["ways"].get(way, {})
+                cells.append(got.get("error", "-") if "seconds_per_matrix" not in got else
+                             f"{got['seconds_per_matrix']:.4f} s / {got['relative_error']:.1e}")
+            lines.append(f"| {way} | " + " | ".join(cells) + " |")
+        tables.append("\n".join(lines))
+    return "\n\n".join(tables)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     tables = []
     for name in args.files:
         result = json.loads(Path(name).read_text(encoding="utf-8"))
-        kind = result.get("kind") or ("e2e" if "e2e" in result else None)
+        kind = result.get("kind") or ("gpu" if "train" in result or "inference" in result else None)
         render = {"compress": lambda r: compress_table(r, cpu), "bf16_rounds": bf16_table,
-                  "dashboard": dashboard_table, "e2e": e2e_table}.get(kind)
+                  "dashboard": dashboard_table, "gpu": gpu_tables}.get(kind)
         if render is None:
             raise SystemExit(f"'{name}' is no result of the GPU scripts (kind {kind!r})")
         tables.append(render(result))
