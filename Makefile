@@ -62,8 +62,8 @@ test-fast: setup
 bench: setup
 	$(BIN)/python bench/run.py
 
-## docs: regenerate the generated parts of docs/cli.md and docs/architecture.md (flag tables, presets, module map);
-## tests/test_docs.py fails while they differ from the code
+## docs: regenerate the generated parts of docs/cli.md, docs/architecture.md and README.md (flag tables, presets,
+## module map, the paper and bsi's defaults); tests/test_docs.py fails while they differ from the code
 docs: setup
 	$(BIN)/python -m bsi.cli.docs
 

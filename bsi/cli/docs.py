@@ -24,8 +24,11 @@ The generators (:data:`GENERATORS`):
 * ``modules``: the package's module map, one row per module with the first
   line of its docstring, read with :mod:`ast` (nothing is imported), grouped
   by sub-package.
+* ``defaults``: the table "the paper and bsi's defaults" of the README, from
+  :func:`bsi.teaching.defaults_table_markdown` (the one generator that
+  imports torch, through :mod:`bsi.teaching`).
 
-Nothing here imports torch.
+Nothing else here imports torch.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC_FILES = ("docs/cli.md", "docs/architecture.md")
+DOC_FILES = ("docs/cli.md", "docs/architecture.md", "README.md")
 """The files with generated parts, relative to the repository root."""
 
 START = re.compile(r"^<!-- generated: (?P<what>[^()]+?) \(python -m bsi\.cli\.docs\) -->$", re.MULTILINE)
@@ -250,9 +253,16 @@ def _modules(folder: Path) -> list[Path]:
     return sorted(files, key=lambda p: (p.name != "__init__.py", p.name))
 
 
+def defaults_table() -> str:
+    """The table "the paper and bsi's defaults", links relative to the repository root (the README)."""
+    from bsi.teaching import defaults_table_markdown
+
+    return defaults_table_markdown("docs/")
+
+
 # ------------------------------------------------------------------ filling the files
 GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": json_only, "presets": preset_table,
-                                             "modules": module_map}
+                                             "modules": module_map, "defaults": defaults_table}
 
 
 def generate(what: str) -> str:
