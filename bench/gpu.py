@@ -319,7 +319,7 @@ def bench_e2e(args, progress=lambda result: None) -> dict:
 
     stream = batches()
     loss = NextTokenLoss(device)
-    deadline = time.monotonic() + args.budget
+    deadline = args.deadline
     result: dict = {"shape": f"{args.shape}, {args.layers} layers", "dtype": "bfloat16", "device": str(device),
                     "batch": [args.batch_size, args.seq_len], "bases": args.bases, "stages": {}, "order": []}
     state: dict = {}
@@ -422,8 +422,12 @@ def bench_e2e(args, progress=lambda result: None) -> dict:
     return result
 
 
-def bench_svd(args) -> dict:
-    """Seconds per matrix and relative reconstruction error of the conversion's SVD, several ways, per weight shape."""
+def bench_svd(args, deadline: float) -> dict:
+    """Seconds per matrix and relative reconstruction error of the conversion's SVD, several ways, per weight shape.
+
+    Each way is warmed up on one matrix, then timed on ``--svd-batch`` of the
+    same shape; ways left when the budget is spent are not run.
+    """
     device = torch.device(args.device)
     config = llama2_7b_config(args.layers, args.shape)
     h, m = config.hidden_size, config.intermediate_size
@@ -435,30 +439,32 @@ def bench_svd(args) -> dict:
     def error(w, u, s, vh) -> float:
         return float(torch.linalg.matrix_norm((u * s.unsqueeze(-2)) @ vh - w).max() / torch.linalg.matrix_norm(w).max())
 
+    ways = {"float32, one at a time": lambda x: [torch.linalg.svd(w, full_matrices=False) for w in x],
+            "float32, batched": lambda x: torch.linalg.svd(x, full_matrices=False),
+            "float64, one at a time": lambda x: [torch.linalg.svd(w.double(), full_matrices=False) for w in x]}
+    if device.type == "cuda":
+        for driver in ("gesvd", "gesvdj", "gesvda"):
+            ways[f"float32, batched, {driver}"] = lambda x, d=driver: torch.linalg.svd(x, full_matrices=False, driver=d)
     for name, (rows, cols) in shapes.items():
         weights = (torch.randn(batch, rows, cols, generator=gen) * 0.02).to(device)  # (b, out, in) fp32
-        ways = {"float32, one at a time": lambda: [torch.linalg.svd(w, full_matrices=False) for w in weights],
-                "float32, batched": lambda: torch.linalg.svd(weights, full_matrices=False),
-                "float64, one at a time": lambda: [torch.linalg.svd(w.double(), full_matrices=False) for w in weights]}
-        if device.type == "cuda":
-            for driver in ("gesvd", "gesvdj", "gesvda"):
-                ways[f"float32, batched, {driver}"] = lambda d=driver: torch.linalg.svd(weights, full_matrices=False,
-                                                                                       driver=d)
         rows_out = {}
         for way, fn in ways.items():
+            if time.monotonic() > deadline:
+                rows_out[way] = {"error": "not run: the budget was spent"}
+                continue
             try:
-                fn()  # warm-up (kernels, workspace)
+                fn(weights[:1])  # warm-up (kernels, workspace)
                 sync(device)
                 start = time.perf_counter()
-                got = fn()
+                got = fn(weights)
                 sync(device)
                 seconds = (time.perf_counter() - start) / batch
             except RuntimeError as err:  # a driver that refuses the shape
                 rows_out[way] = {"error": str(err).splitlines()[0][:200]}
                 continue
             u, s, vh = (torch.stack(t) for t in zip(*got)) if isinstance(got, list) else got
-            rows_out[way] = {"seconds_per_matrix": seconds,
-                             "relative_error": error(weights.to(u.dtype), u, s, vh)}
+            rows_out[way] = {"seconds_per_matrix": seconds, "relative_error": error(weights.to(u.dtype), u, s, vh)}
+            del got, u, s, vh
         out["shapes"][name] = {"shape": [rows, cols], "per_model": config.num_hidden_layers, "ways": rows_out}
         print(json.dumps({name: rows_out}), flush=True)
         del weights
@@ -484,10 +490,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration-batches", type=int, default=4, help="e2e, whitened bases: calibration batches")
     p.add_argument("--round-length", type=int, default=4, help="e2e: iterations per round (1 profiling)")
     p.add_argument("--recover-steps", type=int, default=8, help="e2e: recovery steps")
-    p.add_argument("--svd-batch", type=int, default=8, help="svd: matrices of one shape factorised per timing")
-    p.add_argument("--budget", type=float, default=540.0, help="e2e: seconds after which no stage starts")
+    p.add_argument("--svd-batch", type=int, default=4, help="svd: matrices of one shape factorised per timing")
+    p.add_argument("--budget", type=float, default=540.0,
+                   help="e2e and svd: seconds from the start after which no stage or way starts (default: 540)")
     p.add_argument("--json", default="bench/gpu-results.json")
     args = p.parse_args(argv)
+    args.deadline = time.monotonic() + args.budget
     needs_cuda = [s for s in args.sections if s not in ANY_DEVICE] or args.device.startswith("cuda")
     if needs_cuda and not torch.cuda.is_available():
         print("bench/gpu.py needs a CUDA GPU; none is available here (the sections e2e and svd also run with "
@@ -507,8 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         if section == "e2e":
             save(section, bench_e2e(args, progress=lambda r: save("e2e", r)))
         else:
-            save(section, {"train": bench_train, "throughput": bench_throughput, "inference": bench_inference,
-                           "svd": bench_svd}[section](args))
+            save(section, bench_svd(args, args.deadline) if section == "svd" else
+                 {"train": bench_train, "throughput": bench_throughput, "inference": bench_inference}[section](args))
         print(json.dumps({section: result[section]}, indent=2), flush=True)
     return 0
 
