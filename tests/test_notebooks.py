@@ -84,6 +84,8 @@ def _check_text(o: dict) -> None:
     for perplexity, loss in zip(o["perplexity"], o["loss"]):  # the perplexity is exp of the mean next-token loss
         assert math.isfinite(loss) and abs(perplexity - math.exp(loss)) < 1e-6 * perplexity
     assert o["tokens_scored"] == o["windows"] * (o["window"] - 1)  # each window's first token is context only
+    for pooled, loss in zip(o["pooled_loss"], o["loss"]):  # the loss is token-weighted over the windows' sums
+        assert abs(pooled - loss) < 1e-6 * max(1.0, loss)
     assert o["params"][1] < o["params"][0] and abs(o["compressible_share"] - o["target"]) < 0.02
     assert o["rounds"] >= 2 and o["recover_steps"] > 0
     assert o["finetune"][1] < o["finetune"][0]  # stage 1 lowered the training loss
