@@ -380,6 +380,10 @@ class PipelineConfig(_JsonConfig):
     compress: CompressConfig = option(default_factory=CompressConfig, help="stage 2")
     recover: RecoverConfig = option(default_factory=RecoverConfig, help="stage 3")
     skip_finetune: bool = option(False, "start from the model as given (no stage 1)")
+    dense_recovery: bool = option(False, "the equal-budget reference: also train the fine-tuned dense model with the "
+                                         "recovery's steps and settings (no compression) and evaluate it on the same "
+                                         "problems, so the compressed model is compared with a dense model that had "
+                                         "the same training")
     distill_temperature: float = option(1.0, "softmax temperature of the distillation loss")
     validation_size: int = option(0, "training examples (text task: the last training windows) set aside as a "
                                      "validation set, never trained on (bsi sweep chooses each method's recovery "
@@ -433,6 +437,10 @@ class PipelineConfig(_JsonConfig):
                f"the evaluation scores {self.scored_examples} test examples but test_size is {self.test_size}: "
                "raise test_size or lower eval_examples / eval_loss_examples")
         _check_choice(self.protocol, "protocol", PROTOCOL_NAMES)
+        _check(isinstance(self.dense_recovery, bool), f"dense_recovery must be true or false, got {self.dense_recovery}")
+        _check(not self.dense_recovery or (self.recover.steps > 0 and self.recover.train == "factors"),
+               "dense_recovery trains the dense model as recovery trains the compressed one: it needs recovery steps "
+               "(recover_steps > 0) training factors (recover_train factors), or leave it off")
         _check(self.train_size is None or (_integer(self.train_size) and self.train_size >= 1),
                f"train_size must be >= 1, got {self.train_size}")
         _check_choice(self.task, "task", TASK_KINDS)
@@ -548,7 +556,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     # fine-tune cached (docs/benchmarks.md). The dataclasses' own defaults, so that the Python API
     # (PipelineConfig()) and `bsi compress` run the same job. Change a default above, not here.
     "default": {},
-    # The quick demo (the default until 2026-11-25): 1.31x at 75% against 84% in about 4 minutes.
+    # The first look (about 90 s on 2 cores with the fine-tune cached; PRESET_COSTS): the embedded presets'
+    # fine-tune (so it comes from the same cache), then few pruning rounds, a short recovery and a small test.
+    "tour": {
+        **_EMBEDDED_CPU,
+        "eval_examples": 20,
+        "compress": {"rounds": 2, "iters_per_epoch": 12, "sampling_ratio": 0.25, "target_ratio": 0.7,
+                     "calibration_batches": 4},
+        "recover": {"steps": 8, "lr": 2e-5, "warmup_steps": 1},
+    },
+    # The quick demo (the default until 2026-11-25): 1.31x at 75% against 84% in 4 min 7 s, fine-tune cached.
     "demo": {
         **_EMBEDDED_CPU,
         "compress": {"rounds": 4, "iters_per_epoch": 32, "target_ratio": 0.7},
@@ -617,6 +634,70 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 METHOD_NAMES = ("svd", "svd-llm", "fwsvd", "asvd", "basel", "bsi-grad", "bsi")
+@dataclass(frozen=True)
+class PresetCost:
+    """What one preset costs on a 2-core CPU, as measured, and what it gives up for that time.
+
+    ``cached_seconds`` is the wall time with the task fine-tune already in
+    the cache (``$BSI_CACHE``), ``uncached_seconds`` with an empty cache (the
+    fine-tune included); ``None`` where it was not measured: no figure here is
+    an estimate. ``command`` is what was timed (``bsi compress`` or ``bsi
+    sweep``), ``measured`` the date, ``source`` where the measurement is
+    written up. The dashboard's preset menu, the README and the docs read
+    these, so a figure is stated once.
+    """
+
+    command: str
+    cached_seconds: float | None
+    uncached_seconds: float | None
+    measured: str | None
+    gives_up: str
+    source: str | None = None
+
+    def time_text(self) -> str:
+        """``11 min 50 s with the fine-tune cached, 14 min 51 s with an empty cache (2 cores, 2026-11-25)``."""
+        from .progress import duration
+
+        parts = [f"{duration(self.cached_seconds)} with the fine-tune cached" if self.cached_seconds else None,
+                 f"{duration(self.uncached_seconds)} with an empty cache" if self.uncached_seconds else None]
+        shown = ", ".join(p for p in parts if p)
+        return f"{shown} ({self.command}, 2 cores, {self.measured})" if shown else "not measured"
+
+
+#: Every preset's measured cost on 2 CPU cores (docs/benchmarks.md): one stated value per figure.
+PRESET_COSTS: dict[str, PresetCost] = {
+    "smoke": PresetCost("bsi compress", None, None, None,
+                        "everything: a tiny random model for tests, its answers are noise"),
+    "tour": PresetCost("bsi compress", None, None, None,
+                       "accuracy you can trust: 20 test problems (a paired interval of about +-20 points), "
+                       "2 pruning rounds of 6 iterations and 8 recovery steps, to 70% of the linear layers (1.31x)"),
+    "default": PresetCost("bsi compress", 710, 891, "2026-11-25",
+                          "nothing measured here: the best trade found on 2 cores (1.82x at 92% against 84%)",
+                          "docs/log.md#the-default-as-the-best-trade-2026-11-25"),
+    "demo": PresetCost("bsi compress", 247, None, "2026-11-25",
+                       "size and accuracy: 1.31x at 75% against the dense 84% (4 rounds of 8 iterations, "
+                       "16 recovery steps)", "docs/log.md#the-presets-with-todays-code-2026-11-25"),
+    "quality": PresetCost("bsi compress", 359, None, "2026-11-25",
+                          "size: 1.61x instead of the default's 1.82x, at the dense model's 84%",
+                          "docs/log.md#the-presets-with-todays-code-2026-11-25"),
+    "sweep-cpu": PresetCost("bsi sweep", None, None, None,
+                            "depth of schedule: 4 rounds of 3 iterations and 8 recovery steps per method, "
+                            "a ranking check rather than usable models"),
+    "study": PresetCost("bsi sweep", None, None, None,
+                        "nothing: the full study (seven methods, six sizes, three seeds); about 7 hours of compute "
+                        "on 2 cores summed from its rows, never timed in one piece",
+                        "docs/log.md#the-study-three-seeds-2026-11-26"),
+    "study-quick": PresetCost("bsi sweep", None, 2584, "2026-11-26",
+                              "seeds and methods: one seed, four methods (bsi, basel, svd-llm, bsi-grad), four sizes",
+                              "docs/log.md#study-quick-in-43-minutes-2026-11-26"),
+    "text": PresetCost("bsi compress", None, 872, "2026-11-25",
+                       "nothing of its task: language modelling on WikiText-2, perplexity on 256 held-out windows; "
+                       "a mild 1.31x", "docs/log.md#text-and-perplexity-2026-11-25"),
+    "paper-scale": PresetCost("bsi compress", None, None, None,
+                              "nothing: the paper's schedule, for GPUs (hours on a CPU)"),
+}
+
+
 """The compared methods, a sweep's default (:data:`bsi.pipeline.methods.METHODS` holds them; this list needs no torch)."""
 
 VARIANT_NAMES = ("bsi-mag",)

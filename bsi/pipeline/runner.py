@@ -68,6 +68,7 @@ from bsi.pipeline.training import finetune
 Report = StageReport | StepReport | RoundReport | SizeReport | EvalReport | DoneReport
 
 CHECKPOINT = "checkpoint"  # sub-folder of out_dir holding the last complete round
+DENSE_RECOVERY = "dense-recover"  # the stage training the dense model with the recovery's budget (dense_recovery)
 
 
 def compact_round(report: RoundReport) -> dict[str, Any]:
@@ -94,9 +95,12 @@ def recovery_parameters(model: nn.Module, train_embeddings: bool = False) -> lis
 def outcome_lines(evaluations: dict[str, Evaluation], task: TaskData | None) -> str:
     """``outcomes.jsonl``: one line per evaluated model and test problem, in test order.
 
-    Each line: ``model`` (``finetuned`` or ``recovered``), ``index`` in the
-    test set, the question, the generated answer (null: scored for the loss
-    only), ``correct``, and the answer-token ``loss_sum`` over ``tokens``.
+    Each line: ``model`` (``finetuned``, ``recovered``, or ``dense_recovered``
+    with ``dense_recovery``), ``index`` in the test set, the question, its
+    ``reference_answer`` (the task's worked answer), the generated answer
+    ``prediction`` (null: scored for the loss only), ``correct``, and the
+    answer-token ``loss_sum`` over ``tokens``. (Runs before 2026-11-26 have no
+    ``reference_answer``; :mod:`bsi.analysis.answers` reads both.)
     On a text task (``task`` None) a line is a held-out window, ``index`` its
     place in the stream, ``loss_sum`` its summed next-token NLL over its
     ``tokens`` scored tokens, and nothing is answered.
@@ -106,9 +110,37 @@ def outcome_lines(evaluations: dict[str, Evaluation], task: TaskData | None) -> 
         for index, outcome in enumerate(evaluation.outcomes):
             lines.append(json.dumps({
                 "model": when, "index": index, "question": task.test[index].question if task else None,
-                "prediction": outcome.prediction, "correct": outcome.correct, "loss_sum": outcome.loss_sum,
+                "reference_answer": task.test[index].answer if task else None, "prediction": outcome.prediction, "correct": outcome.correct, "loss_sum": outcome.loss_sum,
                 "tokens": outcome.tokens}))
     return "".join(line + "\n" for line in lines)
+
+
+#: The pairs of evaluated models a run's summary gives paired intervals for: (compressed, reference).
+PAIRS = (("recovered", "finetuned"), ("recovered", "dense_recovered"))
+
+
+def paired_differences(evaluations: dict[str, Evaluation], *, text: bool = False) -> dict[str, dict[str, dict]]:
+    """``summary.json``'s ``paired``: each pair of :data:`PAIRS` evaluated here, the compressed minus the reference.
+
+    Keys ``"recovered - finetuned"`` (against the fine-tuned dense model) and
+    ``"recovered - dense_recovered"`` (against the dense model given the same
+    recovery steps, ``dense_recovery``); each holds the accuracy difference (a
+    share, not points) and the answer-token loss difference with their paired
+    bootstrap 95% intervals (:func:`bsi.analysis.stats.paired_difference`, on
+    the same test problems), the loss only on a text task. A pair with a
+    model not evaluated in this process (a resumed run keeps the reference's
+    metrics, not its outcomes) is left out.
+    """
+    from bsi.analysis.stats import Outcomes, paired_difference
+
+    out: dict[str, dict[str, dict]] = {}
+    for mine, reference in PAIRS:
+        if mine in evaluations and reference in evaluations:
+            a = Outcomes.from_columns(evaluations[mine].columns())
+            b = Outcomes.from_columns(evaluations[reference].columns())
+            out[f"{mine} - {reference}"] = {stat: paired_difference([a], [b], stat).to_dict()
+                                            for stat in (("loss",) if text else ("accuracy", "loss"))}
+    return out
 
 
 def window_outcomes(nll_sums: Any, token_counts: Any) -> Evaluation:
@@ -370,12 +402,43 @@ class Pipeline:
             self.metrics["finetuned"] = self.reference
             yield eval_report("finetuned", self.reference, self.params_before, 0.0)
 
-    def compress(self) -> Iterator[Report]:
-        """Stage 2: the method turns the fine-tuned model into a model of `BasisLinear` layers of the asked size."""
+    def keep_teacher(self) -> None:
+        """Keep a frozen copy of the fine-tuned dense model when a stage distils from it (once, before compression)."""
         if self.config.needs_teacher and self.teacher is None:
             self.teacher = copy.deepcopy(self.model).eval()  # the fine-tuned dense model, frozen
             for p in self.teacher.parameters():
                 p.requires_grad_(False)
+
+    def dense_recovery_stage(self) -> Iterator[Report]:
+        """The equal-budget reference (``config.dense_recovery``): the dense model given the compressed one's recovery.
+
+        Recovery trains the compressed model for ``recover.steps`` more steps
+        on the task, past where the dense model's fine-tune stopped, so a
+        compressed model can end *above* the dense one it came from. This stage
+        trains a copy of the fine-tuned dense model with exactly those steps
+        and settings (learning rate and schedule, the same batches, the same
+        loss, everything but the embeddings unless recovery trains them too)
+        and no compression, then evaluates it on the same test problems as
+        ``dense_recovered``: the reference that had the same training budget.
+        The random state is restored afterwards, so the compressed model comes
+        out exactly as in a run without this stage; the fine-tuned model
+        itself is left as it was.
+        """
+        if not self.config.dense_recovery or "dense_recovered" in self.metrics:
+            return
+        self.keep_teacher()  # a distilling recovery distils the dense copy from the fine-tuned model too
+        fine_tuned, table = self.model, self.table
+        self.model = copy.deepcopy(fine_tuned)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                yield from self.recover_stage(stage=DENSE_RECOVERY)
+                yield from self.evaluate_stage("dense_recovered")
+        finally:
+            self.model, self.table = fine_tuned, table
+
+    def compress(self) -> Iterator[Report]:
+        """Stage 2: the method turns the fine-tuned model into a model of `BasisLinear` layers of the asked size."""
+        self.keep_teacher()
         deviations = protocol_deviations(self.config) if self.method_is_engine else []
         if deviations:
             note = f"protocol {self.config.protocol}, except {', '.join(deviations)}"
@@ -506,7 +569,8 @@ class Pipeline:
         """Count skipped (non-finite) steps of stages 1 and 3; stop with a clear error past the limit."""
         limit = self.config.compress.max_skipped_batches
         for report in reports:
-            if isinstance(report, StepReport) and report.skipped and report.stage in ("finetune", "recover"):
+            if isinstance(report, StepReport) and report.skipped and report.stage in ("finetune", "recover",
+                                                                                       DENSE_RECOVERY):
                 self._skipped += 1
                 if self._skipped > limit:
                     raise BSIError(
@@ -515,7 +579,7 @@ class Pipeline:
                     )
             yield report
 
-    def recover_stage(self, recover: RecoverConfig | None = None) -> Iterator[Report]:
+    def recover_stage(self, recover: RecoverConfig | None = None, *, stage: str = "recover") -> Iterator[Report]:
         """Stage 3: fine-tune the compressed model; afterwards it is in its exported form.
 
         ``recover.train="factors"``: the model is exported first (two-factor
@@ -526,13 +590,15 @@ class Pipeline:
         ablation). Either way with the task loss, or distilling from the
         fine-tuned dense model (``recover.distill``). ``recover`` replaces the
         configuration's section (a sweep tries several learning rates).
+        ``stage`` names the reports (:meth:`dense_recovery_stage` trains the
+        dense model through here as ``dense-recover``).
         """
         cfg = recover or self.config.recover
         if cfg.steps == 0 or cfg.train == "factors":
             self.unshard()
         if cfg.steps == 0:
             self.table = to_exported_form(self.model)
-            yield StageReport("recover", "end", "skipped")
+            yield StageReport(stage, "end", "skipped")
             return
         if cfg.train == "factors":
             self.table = to_exported_form(self.model)
@@ -544,11 +610,11 @@ class Pipeline:
             p.requires_grad_(False)
         for p in params:
             p.requires_grad_(True)
-        yield StageReport("recover", "start", f"{cfg.steps} steps, training {cfg.train}")
+        yield StageReport(stage, "start", f"{cfg.steps} steps, training {cfg.train}")
         hooks = self.dist.sync_gradients(params)
         try:
             yield from self._limit_skips(finetune(
-                self.model, self.stream(3), steps=cfg.steps, lr=cfg.lr, stage="recover", parameters=params,
+                self.model, self.stream(3), steps=cfg.steps, lr=cfg.lr, stage=stage, parameters=params,
                 loss_fn=self.train_loss(cfg.distill), weight_decay=cfg.weight_decay,
                 max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_steps))
         finally:
@@ -557,7 +623,7 @@ class Pipeline:
         if cfg.train == "sigma":
             self.unshard()
             self.table = to_exported_form(self.model)
-        yield StageReport("recover", "end")
+        yield StageReport(stage, "end")
 
     def evaluate_stage(self, when: str) -> Iterator[Report]:
         """Evaluate the model on the test problems: ``eval_loss_examples`` scored, the first ``eval_examples`` answered.
@@ -614,6 +680,7 @@ class Pipeline:
         start = time.perf_counter()
         torch.manual_seed(self.config.seed)
         yield from self.reference_stage()
+        yield from self.dense_recovery_stage()
         params_before, compressible_before = self.params_before, self.compressible_before
         yield StageReport("compress", "start", self.method_name)
         yield from self.compress()
@@ -638,6 +705,9 @@ class Pipeline:
             "task": "text" if self.is_text else "qa",
             "metrics_before": self.metrics["finetuned"].to_dict() if "finetuned" in self.metrics else None,
             "metrics_after": self.metrics["recovered"].to_dict() if "recovered" in self.metrics else None,
+            **({"metrics_dense_recovered": self.metrics["dense_recovered"].to_dict()}
+               if "dense_recovered" in self.metrics else {}),
+            "paired": paired_differences(self.evaluations, text=self.is_text),
             **({"perplexity": self.perplexity_summary()} if self.is_text else {}),
             "protocol": self.config.protocol,
             "protocol_deviations": protocol_deviations(self.config) if self.method_is_engine else [],

@@ -52,6 +52,7 @@ from typing import Any
 
 from torch import nn
 
+from bsi.analysis.answers import PROBLEMS
 from bsi.analysis.study import PUBLISHED, REFERENCE, folder_loader, recovered, study_markdown, study_stats
 from bsi.config import ENGINE_METHODS, PROTOCOLS, PipelineConfig, SweepConfig, deep_update
 from bsi.data import is_text_task
@@ -108,6 +109,16 @@ def protocol_label(method: str, protocol: str) -> str:
     return protocol if method in ENGINE_METHODS else PUBLISHED
 
 
+def problems_file(seed: int) -> str:
+    """A seed's test problems (questions and the task's answers, in test order), relative to the sweep folder.
+
+    Written with the seed's dense row; not part of any row, so a sweep's
+    fingerprint and the merge's comparison of results do not see it. Sweeps
+    made before 2026-11-26 have none (:func:`bsi.analysis.answers.rebuild_problems`).
+    """
+    return f"{OUTCOMES}/{PROBLEMS.format(seed=seed)}"
+
+
 def sweep_results(folder: str | Path) -> Path:
     """``folder``'s ``results.jsonl``; a one-line error when it has none (a folder to merge must hold results)."""
     path = Path(folder) / "results.jsonl"
@@ -158,6 +169,9 @@ class Sweep:
                            "every held-out window)")
         if not self.is_text and config.eval_examples == 0 and not config.eval_loss_examples:
             raise BSIError("a sweep compares evaluated models: eval_examples (or eval_loss_examples) must be > 0")
+        if config.dense_recovery:
+            raise BSIError("--dense-recovery is a setting of `bsi compress` (one run's equal-budget reference); a sweep "
+                           "compares methods with one another under the same recovery: leave it out")
         if settings.also_unrecovered and config.recover.steps == 0:
             raise BSIError("also_unrecovered adds rows before recovery, but recover_steps is 0: every row is already "
                            "unrecovered; drop --also-unrecovered or give --recover-steps")
@@ -206,6 +220,7 @@ class Sweep:
         settings = {k: v for k, v in self.settings.to_dict().items() if k not in grid}
         settings["baseline"] = self.baseline.to_dict()  # resolved: a changed default is another sweep
         config = self.config.to_dict() | {"seed": None, "preset": None, "device": "auto", "dtype": "auto"}
+        config.pop("dense_recovery")  # bsi compress's alone (refused here): sweeps made before it keep their hash
         if not self.is_text:  # the text settings change nothing else (and sweeps made before them keep their hash)
             for key in TEXT_SETTINGS:
                 config.pop(key)
@@ -265,6 +280,8 @@ class Sweep:
                 raise BSIError(f"'{source}': the outcomes of cell {row_key(row)} cannot be read ({err}); "
                                "copy the folder again, outcomes/ included") from None
             outcomes[row["outcomes"]] = text
+            if row["method"] == REFERENCE and (source / problems_file(row["seed"])).is_file():
+                outcomes[problems_file(row["seed"])] = (source / problems_file(row["seed"])).read_text(encoding="utf-8")
         for name, text in outcomes.items() if self.dist.is_main else ():
             atomic_write_text(self.out_dir / name, text)
         for row in new:
@@ -481,6 +498,10 @@ class Sweep:
                "eval_seconds": 0.0, **self.execution()}
         if "finetuned" in pipeline.perplexities:  # a text task: what every row's perplexity was measured on, and how
             row["perplexity_protocol"] = pipeline.perplexities["finetuned"]
+        if pipeline.task is not None and self.dist.is_main:  # what the answers answer (bsi answers, the Answers view)
+            scored = pipeline.task.test[: len(evaluation.outcomes)]
+            atomic_write_json(self.out_dir / problems_file(seed), {"question": [e.question for e in scored],
+                                                                   "answer": [e.answer for e in scored]})
         self._add_row(self.dist.from_main(row))
         self.write()
 
