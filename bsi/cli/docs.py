@@ -27,6 +27,9 @@ The generators (:data:`GENERATORS`):
 * ``defaults``: the table "the paper and bsi's defaults" of the README, from
   :func:`bsi.teaching.defaults_table_markdown` (the one generator that
   imports torch, through :mod:`bsi.teaching`).
+* ``walkthroughs``: the README's list of walkthroughs, each with its
+  rendered page and the run time ``make walkthroughs`` measured
+  (``docs/walkthroughs/times.json``, worded by ``notebooks/build.py``).
 
 Nothing else here imports torch.
 """
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import importlib.util
 import re
 import sys
 from collections.abc import Callable
@@ -253,6 +257,27 @@ def _modules(folder: Path) -> list[Path]:
     return sorted(files, key=lambda p: (p.name != "__init__.py", p.name))
 
 
+def walkthrough_list(root: Path = ROOT) -> str:
+    """One line per teaching notebook: its title, its rendered page once there is one, its measured run time.
+
+    Read from ``notebooks/src`` and ``docs/walkthroughs/times.json`` through
+    ``notebooks/build.py`` (the same words the notebooks open with), so the
+    README says no time that was not measured.
+    """
+    spec = importlib.util.spec_from_file_location("notebooks_build", root / "notebooks" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    times = build.load_times(root / "docs" / "walkthroughs" / "times.json")
+    lines = []
+    for source in build.sources():
+        title = build.parse_cells(source.read_text(encoding="utf-8"))[0][1].splitlines()[0].lstrip("# ").strip()
+        page = root / "docs" / "walkthroughs" / f"{source.stem}.md"
+        shown = f"[{title}](docs/walkthroughs/{page.name})" if page.is_file() else f"{title} (not rendered yet)"
+        when = build.runtime_line(source.stem, times) or "Run time: not measured yet."
+        lines.append(f"* {shown} — {when}")
+    return "\n".join(lines)
+
+
 def defaults_table() -> str:
     """The table "the paper and bsi's defaults", links relative to the repository root (the README)."""
     from bsi.teaching import defaults_table_markdown
@@ -262,7 +287,8 @@ def defaults_table() -> str:
 
 # ------------------------------------------------------------------ filling the files
 GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": json_only, "presets": preset_table,
-                                             "modules": module_map, "defaults": defaults_table}
+                                             "modules": module_map, "defaults": defaults_table,
+                                             "walkthroughs": walkthrough_list}
 
 
 def generate(what: str) -> str:
