@@ -599,7 +599,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "compress": {"rounds": 24, "iters_per_epoch": 72, "sampling_ratio": 0.34, "aux_rank": 2},
         "recover": {"steps": 16, "lr": 1e-4, "warmup_steps": 2},
     },
-    # The same on fewer sizes and one seed (80 minutes on 2 cores, 2026-11-25): `bsi sweep --preset study-quick`.
+    # The same on fewer sizes and one seed: `bsi sweep --preset study-quick`, 43 min 4 s on 2 cores with an empty
+    # cache, fine-tune included (2026-11-26; the seven-method version of 2026-11-25 took 80 minutes).
     "study-quick": {
         **_EMBEDDED_CPU,
         "test_size": 500, "eval_examples": 300, "eval_loss_examples": 500, "eval_batch_size": 50,
@@ -633,7 +634,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-METHOD_NAMES = ("svd", "svd-llm", "fwsvd", "asvd", "basel", "bsi-grad", "bsi")
 @dataclass(frozen=True)
 class PresetCost:
     """What one preset costs on a 2-core CPU, as measured, and what it gives up for that time.
@@ -698,6 +698,7 @@ PRESET_COSTS: dict[str, PresetCost] = {
 }
 
 
+METHOD_NAMES = ("svd", "svd-llm", "fwsvd", "asvd", "basel", "bsi-grad", "bsi")
 """The compared methods, a sweep's default (:data:`bsi.pipeline.methods.METHODS` holds them; this list needs no torch)."""
 
 VARIANT_NAMES = ("bsi-mag",)
@@ -813,9 +814,9 @@ SWEEP_PRESETS: dict[str, dict[str, Any]] = {
     # Learning rates chosen at two sizes: bsi's choice at 0.15 (5e-4) used at 0.4 left it at 10.7% against basel's
     # 37% there; a mild cut wants a smaller rate than a deep one (docs/benchmarks.md, 2026-11-25).
     # Only the methods the study can tell apart: plain `svd`, `fwsvd` and `asvd` answer at most 10.5% at any size on
-    # every seed of `study` (docs/benchmarks.md), and `asvd`'s sensitivity search alone took 18 of study-quick's 80
-    # minutes on 2 cores; without the three it took 43 minutes with an empty cache, fine-tune included (2026-11-26;
-    # `--methods` adds them back).
+    # every seed of `study` (docs/benchmarks.md), and `asvd`'s sensitivity search alone took 18 of the seven-method
+    # study-quick's 80 minutes on 2 cores (2026-11-25); without the three it takes 43 min 4 s with an empty cache,
+    # fine-tune included (2026-11-26; `--methods` adds them back).
     "study-quick": {"methods": ("bsi", "basel", "svd-llm", "bsi-grad"),
                     "targets": (0.4, 0.15, 0.05), "extra_targets": {"bsi": (0.02,), "basel": (0.02,)},
                     "seeds": (0,), "protocols": ("tuned",), "lr_grid": (2e-5, 1e-4, 5e-4), "lr_targets": (0.4, 0.15)},
