@@ -17,19 +17,31 @@ a notebook is a diff of its source.
 
     python notebooks/build.py          # write every notebook
     python notebooks/build.py --check  # exit 1 if a notebook is stale or holds outputs
+
+Each notebook opens with its measured run time: the builder writes one line,
+generated from ``docs/walkthroughs/times.json`` (written by ``render.py``, see
+``make walkthroughs``), under the title of the first Markdown cell. The
+sources hold no numbers, and ``--check`` compares against the same line.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import nbformat
+
+from bsi.progress import duration
 
 HERE = Path(__file__).resolve().parent
 SOURCES = HERE / "src"
 MARKER = "# %%"
+TIMES = HERE.parent / "docs" / "walkthroughs" / "times.json"
+"""The measured run times of the rendered walkthroughs (``render.py`` writes it)."""
 
 
 def parse_cells(text: str) -> list[tuple[str, str]]:
@@ -49,14 +61,59 @@ def parse_cells(text: str) -> list[tuple[str, str]]:
     return [(kind, "\n".join(lines).strip("\n")) for kind, lines in cells if "\n".join(lines).strip()]
 
 
-def build_notebook(source: Path) -> nbformat.NotebookNode:
-    """The notebook for one source file: no outputs, no execution counts, ids ``<stem>-<n>``."""
+def load_times(path: Path = TIMES) -> dict[str, Any]:
+    """The times file as a dict (empty when there is none yet)."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def runtime_line(stem: str, times: Mapping[str, Any]) -> str | None:
+    """The run-time sentence for notebook ``stem`` from a times file, or None when it holds no entry for it.
+
+    ``Run time on 2 CPU cores: 4 min 10 s with the fine-tune cached, 9 min 2 s
+    without; 11 s on the tiny model (2026-11-26).`` A notebook that caches
+    nothing was measured once and says so; a times file from a tiny-only
+    render (tests, CI) gives the tiny figure only.
+    """
+    entry = times.get("notebooks", {}).get(stem)
+    if not entry:
+        return None
+    parts = []
+    if entry.get("not_cached_s") is not None:
+        if entry.get("caches"):
+            parts.append(f"{duration(entry['cached_s'])} with the fine-tune cached, {duration(entry['not_cached_s'])} without")
+        else:
+            parts.append(f"{duration(entry['not_cached_s'])} (nothing to fine-tune or cache)")
+    if entry.get("tiny_s") is not None:
+        parts.append(f"{duration(entry['tiny_s'])} on the tiny model")
+    cores = times.get("machine", {}).get("cpu_cores", "?")
+    return f"Run time on {cores} CPU cores: {'; '.join(parts)} ({entry.get('date') or times.get('date', 'undated')})."
+
+
+def with_runtime(markdown: str, line: str | None) -> str:
+    """``markdown`` with ``line`` as its own paragraph under the title (the first line when it is a heading)."""
+    if not line:
+        return markdown
+    head, _, rest = markdown.partition("\n")
+    if head.startswith("#"):
+        return f"{head}\n\n{line}\n\n{rest.lstrip(chr(10))}".rstrip("\n")
+    return f"{line}\n\n{markdown}"
+
+
+def build_notebook(source: Path, times: Mapping[str, Any] | None = None) -> nbformat.NotebookNode:
+    """The notebook for one source file: no outputs, no execution counts, ids ``<stem>-<n>``.
+
+    With ``times`` (a times file, :func:`load_times`), the first Markdown cell
+    gets the notebook's run-time line (:func:`runtime_line`).
+    """
+    line = runtime_line(source.stem, times or {})
     nb = nbformat.v4.new_notebook()
     nb.metadata = {
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
     }
     for n, (kind, text) in enumerate(parse_cells(source.read_text(encoding="utf-8"))):
+        if kind == "markdown" and line:
+            text, line = with_runtime(text, line), None
         maker = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
         cell = maker(text)
         cell.id = f"{source.stem[:2]}-{n:03d}"
@@ -85,7 +142,8 @@ def has_outputs(nb: nbformat.NotebookNode) -> bool:
 def check() -> list[str]:
     """Problems with the committed notebooks: stale, missing, extra, or holding outputs."""
     problems = []
-    expected = {target(s): render(build_notebook(s)) for s in sources()}
+    times = load_times()
+    expected = {target(s): render(build_notebook(s, times)) for s in sources()}
     for path, text in expected.items():
         if not path.exists():
             problems.append(f"{path.name}: missing (run python notebooks/build.py)")
@@ -94,7 +152,8 @@ def check() -> list[str]:
         if has_outputs(nbformat.reads(committed, as_version=4)):
             problems.append(f"{path.name}: holds outputs (rebuild it from src/ with python notebooks/build.py)")
         elif committed != text:
-            problems.append(f"{path.name}: differs from src/{path.stem}.py (edit the source, then rebuild)")
+            problems.append(f"{path.name}: differs from src/{path.stem}.py and {TIMES.name} "
+                            "(edit the source, then rebuild with python notebooks/build.py)")
     for path in HERE.glob("*.ipynb"):
         if path not in expected:
             problems.append(f"{path.name}: has no source in notebooks/src/")
@@ -110,10 +169,15 @@ def main(argv: list[str] | None = None) -> int:
         for line in problems:
             print(line, file=sys.stderr)
         return 1 if problems else 0
-    for source in sources():
-        target(source).write_text(render(build_notebook(source)), encoding="utf-8")
-        print(f"wrote {target(source).relative_to(HERE.parent)}")
+    write_all(load_times())
     return 0
+
+
+def write_all(times: Mapping[str, Any]) -> None:
+    """Write every notebook from its source, with its run-time line from ``times``."""
+    for source in sources():
+        target(source).write_text(render(build_notebook(source, times)), encoding="utf-8")
+        print(f"wrote {target(source).relative_to(HERE.parent)}")
 
 
 if __name__ == "__main__":

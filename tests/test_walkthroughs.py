@@ -1,0 +1,201 @@
+"""The rendered walkthroughs (``notebooks/render.py``, ``make walkthroughs``): outputs that read anywhere, timed.
+
+One notebook is rendered for real on the tiny model into a temporary folder
+(a fresh kernel, kaleido drawing its figures in Debian's Chromium); the
+test reads the copies back: the HTML page holds the outputs and loads
+nothing from the network, the Markdown copy's images exist and are real
+PNG figures, the times file round-trips and the notebook's first cell opens
+with the line made from it. The committed copies in ``docs/walkthroughs/``
+must come from the current notebook sources (each copy carries its
+source's SHA-256).
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import json
+import re
+import shutil
+import struct
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "walkthroughs"
+CHROMIUM = "/usr/bin/chromium"
+#: the notebooks rendered on the tiny model: figures, formulas (04) and interactive views with (03) and without
+#: (04) plotly FigureWidgets
+STEMS = ("03_pruning_rounds", "04_curvature")
+PLOTLY = "application/vnd.plotly.v1+json"
+NETWORK = re.compile(r"""(?:<script[^>]*\bsrc|<link[^>]*\bhref|<img[^>]*\bsrc)\s*=\s*["']?\s*(?:https?:)?//"""
+                     r"""|@import\s+(?:url\()?\s*["']?(?:https?:)?//|url\(\s*["']?(?:https?:)?//""", re.I)
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"notebook_{name}", ROOT / "notebooks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", "not a PNG file"
+    return struct.unpack(">II", data[16:24])
+
+
+def _images(markdown: str) -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", markdown)
+
+
+def _texts(nb) -> list[str]:
+    """The printed outputs of an executed notebook (streams), line by line."""
+    return [line for c in nb.cells for o in c.get("outputs", []) if o.output_type == "stream"
+            for line in o.text.splitlines() if line.strip()]
+
+
+def test_runtime_line_comes_from_the_times_file(tmp_path):
+    build = _load("build")
+    times = {"date": "2026-11-26", "machine": {"cpu_cores": 2}, "notebooks": {
+        "07_demo": {"not_cached_s": 542.2, "cached_s": 250.4, "caches": True, "tiny_s": 11.4},
+        "08_once": {"not_cached_s": 65, "cached_s": 65, "caches": False, "tiny_s": 9, "date": "2026-11-27"},
+        "09_tiny": {"tiny_s": 9.6}}}
+    assert build.runtime_line("07_demo", times) == ("Run time on 2 CPU cores: 4 min 10 s with the fine-tune cached, "
+                                                    "9 min 2 s without; 11 s on the tiny model (2026-11-26).")
+    assert build.runtime_line("08_once", times) == ("Run time on 2 CPU cores: 1 min 5 s (nothing to fine-tune or "
+                                                    "cache); 9 s on the tiny model (2026-11-27).")
+    assert build.runtime_line("09_tiny", times) == "Run time on 2 CPU cores: 10 s on the tiny model (2026-11-26)."
+    assert build.runtime_line("10_none", times) is None
+    source = tmp_path / "07_demo.py"
+    source.write_text("# %% [markdown]\n# # 07 · A title\n#\n# First paragraph.\n\n# %%\nx = 1\n\n"
+                      "# %% [markdown]\n# # Second\n")
+    nb = build.build_notebook(source, times)
+    assert nb.cells[0].source == f"# 07 · A title\n\n{build.runtime_line('07_demo', times)}\n\nFirst paragraph."
+    assert nb.cells[2].source == "# Second"  # only the first Markdown cell gets it
+    assert build.build_notebook(source).cells[0].source == "# 07 · A title\n\nFirst paragraph."  # no times: no line
+
+
+def test_formulas_become_mathml_and_code_stays():
+    render = _load("render")
+    text = render.tex_to_mathml("Keep `$x$` and\n```\n$$y$$\n```\nbut $a_i^2$ and $$\\frac{1}{2}$$; costs 5 $ or \\frac{")
+    assert "`$x$`" in text and "```\n$$y$$\n```" in text  # code is code
+    assert text.count("<math") == 2 and '<math display="block">' in text and "<mfrac>" in text
+    assert "http" not in text  # no namespace URL left in the page
+    assert "5 $ or" in text  # a lone dollar is prose
+
+
+def test_cli_refuses_a_tiny_render_into_docs_and_unknown_notebooks(capsys):
+    render = _load("render")
+    with pytest.raises(SystemExit):
+        render.main(["--model", "tiny-random-llama"])
+    assert "give --out" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        render.main(["--only", "99"])
+    assert "no notebook numbered 99" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_render(tmp_path_factory):
+    """``(times, out)``: :data:`STEMS` rendered on the tiny model into a temporary folder, once for this module."""
+    if shutil.which(CHROMIUM) is None:
+        pytest.skip("chromium missing: run `make chromium` (apt-get, as root)")
+    out = tmp_path_factory.mktemp("walkthroughs")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # two shared cores: threads would only fight
+        times = _load("render").render(STEMS, "tiny-random-llama", out, log=lambda line: None)
+    return times, out
+
+
+def _outputs(nb) -> list:
+    return [o for c in nb.cells for o in c.get("outputs", [])]
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_tiny_render_reads_anywhere(stem, tiny_render):
+    times, out = tiny_render
+    render, build = _load("render"), _load("build")
+
+    # the times file round-trips and the notebook's first cell opens with the line made from it
+    assert build.load_times(out / "times.json") == json.loads(json.dumps(times))
+    entry = times["notebooks"][stem]
+    assert entry["model"] == "tiny-random-llama" and entry["tiny_s"] > 0 and "not_cached_s" not in entry
+    assert entry["source_sha256"] == render.source_hash(stem) and times["machine"]["cpu_cores"] >= 1
+    line = build.runtime_line(stem, times)
+    assert line.startswith("Run time on ") and line.endswith(f"on the tiny model ({entry['date']}).")
+    first = next(c for c in build.build_notebook(ROOT / "notebooks" / "src" / f"{stem}.py", times).cells
+                 if c.cell_type == "markdown")
+    assert first.source.splitlines()[2] == line  # under the title
+
+    executed = nbformat.read(out / f"{stem}.ipynb", as_version=4)  # what JupyterLab opens, outputs included
+    assert executed.cells[0].source == first.source and not {"widgets", render.FIGURE_STATE} & set(executed.metadata)
+    outputs = _outputs(executed)
+    figures = [o for o in outputs if render.PLOTLY in o.get("data", {})]
+    assert len(figures) >= 2 and not any(render.WIDGET_VIEW in o.get("data", {}) for o in outputs)
+    notes = [o.data["text/markdown"] for o in outputs if "Interactive view" in o.get("data", {}).get("text/markdown", "")]
+    assert len(notes) == 1  # each notebook's interactive view, shown as the notebook left it
+    printed = _texts(executed)
+    assert any(t.startswith("Result: ") for t in printed)
+
+    page = (out / f"{stem}.html").read_text(encoding="utf-8")
+    assert render.stamp_of(page) == {"notebook": stem, "model": "tiny-random-llama", "date": entry["date"],
+                                     "source_sha256": entry["source_sha256"]}
+    assert not NETWORK.findall(page), NETWORK.findall(page)[:3]
+    assert re.findall(r'<script[^>]*\bsrc="([^"]+)"', page) == [render.PLOTLY_JS]
+    assert (out / render.PLOTLY_JS).stat().st_size > 1_000_000  # the local plotly.js the figures draw with
+    assert page.count('class="plotly-graph-div"') == len(figures)
+    shown = html.unescape(re.sub(r"<[^>]+>", "", page))  # the page's text: ANSI colours and escapes taken off
+    assert line in shown and all(t in shown for t in printed)  # the run-time line and every printed line
+
+    markdown = (out / f"{stem}.md").read_text(encoding="utf-8")
+    assert render.stamp_of(markdown) == render.stamp_of(page)
+    assert line in markdown and all(t in markdown for t in printed) and notes[0] in markdown
+    assert "plotly" not in markdown.lower().split("```")[-1]  # no figure left as script or JSON after the code
+    images = _images(markdown)
+    assert len(images) == len(figures) and all(not i.startswith(("http:", "https:", "/")) for i in images)
+    for image in images:
+        data = (out / image).read_bytes()
+        width, height = _png_size(data)
+        assert len(data) > 10_000 and width >= 400 and height >= 200  # a drawn figure, not a blank
+    assert len({(out / i).read_bytes() for i in images}) == len(images)  # every figure its own picture
+
+
+def test_interactive_views_are_shown_as_the_notebook_left_them(tiny_render):
+    _, out = tiny_render
+    rounds = _outputs(nbformat.read(out / "03_pruning_rounds.ipynb", as_version=4))
+    start = next(n for n, o in enumerate(rounds) if "Interactive view" in o.get("data", {}).get("text/markdown", ""))
+    note, info, *figures = rounds[start:start + 4]
+    assert "`round = 1`" in note.data["text/markdown"] and "`layer = model.layers." in note.data["text/markdown"]
+    assert "round 1: rank" in info.data["text/plain"]  # the HTML line above the plots
+    for figure in figures:  # the FigureWidgets after show_round() filled them, not their empty first state
+        traces = figure.data[PLOTLY]["data"]
+        assert sum(len(t.get("x", [])) for t in traces) > 0
+    curvature = _outputs(nbformat.read(out / "04_curvature.ipynb", as_version=4))
+    note = next(o.data["text/markdown"] for o in curvature if "Interactive view" in o.get("data", {}).get("text/markdown", ""))
+    assert "`error e = 0.1`" in note and "`bases n = 128`" in note  # its sliders' values
+    page = (out / "04_curvature.html").read_text(encoding="utf-8")
+    assert "<math" in page and "$$" not in page  # formulas as MathML, none left for a script to typeset
+
+
+def test_committed_walkthroughs_match_the_notebook_sources():
+    render, build = _load("render"), _load("build")
+    stems = [s.stem for s in build.sources()]
+    if not any((DOCS / f"{stem}.md").exists() for stem in stems):
+        pytest.skip("no rendered walkthroughs committed yet in docs/walkthroughs/ (run `make walkthroughs`)")
+    times = build.load_times(DOCS / "times.json")
+    for stem in stems:
+        html_path, md_path = DOCS / f"{stem}.html", DOCS / f"{stem}.md"
+        assert html_path.exists() and md_path.exists(), f"{stem}: not rendered (run `make walkthroughs`)"
+        page, markdown = html_path.read_text(encoding="utf-8"), md_path.read_text(encoding="utf-8")
+        stamp = render.stamp_of(markdown)
+        assert stamp and stamp == render.stamp_of(page)
+        assert stamp["model"] == render.MODELS["embedded"], f"{stem}: rendered on {stamp['model']}"
+        assert stamp["source_sha256"] == render.source_hash(stem), (
+            f"{stem}: the rendered copy is older than notebooks/src/{stem}.py (run `make walkthroughs`)")
+        entry = times["notebooks"][stem]
+        assert all(entry[k] > 0 for k in ("not_cached_s", "cached_s", "tiny_s"))
+        assert build.runtime_line(stem, times) in markdown
+        assert not NETWORK.findall(page)
+        assert all((DOCS / image).is_file() for image in _images(markdown))
+    assert (DOCS / render.PLOTLY_JS).is_file()
