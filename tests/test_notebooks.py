@@ -144,6 +144,23 @@ def test_notebook_ends_with_a_recap_exercises_and_further_reading(path):
     assert all(paper in reading for paper in PAPERS) and "docs/" in reading
 
 
+def test_introductions_list_the_sections_and_quantities_are_defined_before_use():
+    for path in NOTEBOOKS:
+        cells = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown"]
+        lists: list[list[int]] = []  # the introduction's numbered lists; the last one names the sections
+        for number in map(int, re.findall(r"^(\d+)\. ", cells[0], re.M)):
+            lists.extend([[]] if number == 1 else [])
+            lists[-1].append(number)
+        listed = lists[-1] if lists else []
+        sections = [int(n) for n in re.findall(r"^## (\d+)\. ", "\n".join(cells), re.M)]
+        assert not listed or listed == sections, f"{path.stem}: the introduction lists {listed}, the notebook has {sections}"
+    curvature = [c.source for c in nbformat.read(NOTEBOOK_DIR / "04_curvature.ipynb", as_version=4).cells]
+    first_use = next(n for n, c in enumerate(curvature) if "H_{n,2a}" in c)
+    assert "generalized harmonic number" in curvature[first_use] and "zeta" in curvature[first_use]
+    scoring = "\n".join(c.source for c in nbformat.read(NOTEBOOK_DIR / "02_importance_scoring.ipynb", as_version=4).cells)
+    assert "defaults_table_markdown(" in scoring and "three lines" in scoring
+
+
 def _texts(nb) -> list[str]:
     out = []
     for cell in nb.cells:
