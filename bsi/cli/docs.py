@@ -30,8 +30,12 @@ The generators (:data:`GENERATORS`):
 * ``walkthroughs``: the README's list of walkthroughs, each with its
   rendered page and the run time ``make walkthroughs`` measured
   (``docs/walkthroughs/times.json``, worded by ``notebooks/build.py``).
+* ``preset-costs``: every preset's measured wall time on 2 CPU cores and
+  what it gives up for it, from :data:`bsi.config.PRESET_COSTS`
+  (docs/benchmarks.md), so that each figure is stated once.
 
-Nothing else here imports torch.
+Only ``defaults`` and ``preset-costs`` import torch (through
+:mod:`bsi.teaching` and :mod:`bsi.progress`).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC_FILES = ("docs/cli.md", "docs/architecture.md", "README.md")
+DOC_FILES = ("docs/cli.md", "docs/architecture.md", "docs/benchmarks.md", "README.md")
 """The files with generated parts, relative to the repository root."""
 
 START = re.compile(r"^<!-- generated: (?P<what>[^()]+?) \(python -m bsi\.cli\.docs\) -->$", re.MULTILINE)
@@ -278,6 +282,25 @@ def walkthrough_list(root: Path = ROOT) -> str:
     return "\n".join(lines)
 
 
+def preset_cost_table() -> str:
+    """One row per preset of :data:`bsi.config.PRESET_COSTS`: what was timed, its wall times, when, what it gives up.
+
+    Links are relative to docs/ (the table sits in docs/benchmarks.md).
+    """
+    from bsi.config import PRESET_COSTS
+    from bsi.progress import duration
+
+    rows = ["| preset | timed | fine-tune cached | empty cache, fine-tune included | measured | what it gives up |",
+            "|---|---|---|---|---|---|"]
+    for name, cost in PRESET_COSTS.items():
+        cached, uncached = (duration(s) if s else "-" for s in (cost.cached_seconds, cost.uncached_seconds))
+        measured = cost.measured or ("measured in parts" if cost.source else "-")
+        if cost.source:
+            measured = f"[{measured}]({cost.source.removeprefix('docs/')})"
+        rows.append(f"| `{name}` | `{cost.command}` | {cached} | {uncached} | {measured} | {_cell(cost.gives_up)} |")
+    return "\n".join(rows)
+
+
 def defaults_table() -> str:
     """The table "the paper and bsi's defaults", links relative to the repository root (the README)."""
     from bsi.teaching import defaults_table_markdown
@@ -288,7 +311,7 @@ def defaults_table() -> str:
 # ------------------------------------------------------------------ filling the files
 GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": json_only, "presets": preset_table,
                                              "modules": module_map, "defaults": defaults_table,
-                                             "walkthroughs": walkthrough_list}
+                                             "walkthroughs": walkthrough_list, "preset-costs": preset_cost_table}
 
 
 def generate(what: str) -> str:
