@@ -32,7 +32,7 @@ import pytest
 
 from bsi.cli import build_parser, main
 from bsi.cli.commands import build_config
-from bsi.cli.docs import generate
+from bsi.cli.docs import generate, walkthrough_list
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -119,6 +119,25 @@ def test_every_bsi_line_parses_and_its_configuration_validates(argv):
 
 def test_the_defaults_table_is_the_generated_one():
     assert generate("defaults") in README.read_text(encoding="utf-8")
+
+
+def test_the_walkthrough_list_states_only_measured_times_and_links_only_rendered_pages(tmp_path):
+    """Before ``make walkthroughs`` nothing is claimed; after it, each page is linked with the time it measured."""
+    shutil.copytree(ROOT / "notebooks" / "src", tmp_path / "notebooks" / "src")
+    shutil.copy(ROOT / "notebooks" / "build.py", tmp_path / "notebooks" / "build.py")
+    stems = sorted(p.stem for p in (tmp_path / "notebooks" / "src").glob("[0-9][0-9]_*.py"))
+    before = walkthrough_list(tmp_path).splitlines()
+    assert len(before) == len(stems) and all("not rendered yet" in line and "not measured" in line for line in before)
+
+    pages = tmp_path / "docs" / "walkthroughs"
+    pages.mkdir(parents=True)
+    (pages / f"{stems[0]}.md").write_text("# rendered\n")
+    times = {"date": "2026-11-26", "machine": {"cpu_cores": 2},
+             "notebooks": {stems[0]: {"cached_s": 61.0, "not_cached_s": 250.0, "caches": True, "tiny_s": 9.0}}}
+    (pages / "times.json").write_text(json.dumps(times))
+    first, *others = walkthrough_list(tmp_path).splitlines()
+    assert f"](docs/walkthroughs/{stems[0]}.md)" in first and "1 min 1 s" in first and "4 min 10 s" in first
+    assert all("not rendered yet" in line and "not measured" in line for line in others)
 
 
 def _tiny(argv: list[str]) -> list[str]:
