@@ -17,6 +17,11 @@ Each file names its ``kind`` (written by the script that made it):
 * ``bf16_rounds`` (``bench/bf16_rounds.py``): per round, how far the bf16
   engine's scores and cuts stand from float32's on the same weights.
 * ``dashboard`` (``bench/gpu_dashboard.py``): time to the first round and to Done.
+* ``--sweep FOLDER --against STUDY``: a sweep folder of the published
+  engine on its own schedule (issue 43, item 3; ``bench/gpu_study/plan.py``),
+  each engine cell beside the same method's ``tuned`` and ``paper`` cells of
+  the study, with paired differences pooled over the seeds both hold and a
+  t-interval over the seeds; and ``bsi`` minus ``basel`` on the new schedule.
 * ``gpu`` (``bench/gpu.py``): its ``e2e`` section (seconds and peak memory
   per stage) and its ``svd`` section (seconds per matrix and reconstruction
   error of each way to factorise).
@@ -32,8 +37,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 
-from bsi.analysis.stats import Outcomes, paired_difference  # noqa: E402
-from bsi.analysis.study import interval_text  # noqa: E402
+from bsi.analysis.stats import (Outcomes, paired_difference, per_seed_differences, seed_interval,  # noqa: E402
+                                value_interval)
+from bsi.analysis.study import folder_loader, interval_text, recovered  # noqa: E402
 from bsi.errors import BSIError  # noqa: E402
 
 STAGES = ("load", "finetune", "conversion", "rounds", "recovery", "evaluation", "save")
@@ -163,9 +169,79 @@ def gpu_tables(result: dict) -> str:
     return "\n\n".join(tables)
 
 
+def sweep_rows(folder: str | Path) -> list[dict]:
+    path = Path(folder) / "results.jsonl"
+    try:
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError) as err:
+        raise BSIError(f"'{folder}' holds no readable sweep results ({err})") from None
+
+
+def same_problems(a: Path, b: Path, seed: int) -> bool:
+    """Whether two sweep folders scored the same test problems on ``seed`` (True when either kept no list)."""
+    files = [folder / "outcomes" / f"problems-s{seed}.json" for folder in (a, b)]
+    if not all(f.is_file() for f in files):
+        return True
+    return json.loads(files[0].read_text(encoding="utf-8")) == json.loads(files[1].read_text(encoding="utf-8"))
+
+
+def against_table(folder: str | Path, study: str | Path, name: str) -> str:
+    """The engine cells of ``folder`` against the same cells of ``study`` under ``tuned`` and ``paper``."""
+    folder, study = Path(folder), Path(study)
+    mine = [r for r in sweep_rows(folder) if r["method"] in ("bsi", "basel") and recovered(r) and r.get("outcomes")]
+    theirs = [r for r in sweep_rows(study) if recovered(r) and r.get("outcomes")]
+    load_mine, load_theirs = folder_loader(folder), folder_loader(study)
+
+    def by_seed(rows, method, target, protocol):
+        return {r["seed"]: r for r in rows if r["method"] == method and abs(r["target"] - target) < 1e-9
+                and r["protocol"] == protocol}
+
+    def diff(a: dict, b: dict, load_a, load_b, stat: str, scale: float, digits: int) -> str:
+        seeds = sorted(s for s in set(a) & set(b) if same_problems(folder, study, s) or load_a is load_b)
+        if not seeds:
+            return "-"
+        runs_a, runs_b = [load_a(a[s]) for s in seeds], [load_b(b[s]) for s in seeds]
+        text = interval_text(paired_difference(runs_a, runs_b, stat).to_dict(), scale, digits, signed=True)
+        if len(seeds) >= 2:
+            over = seed_interval(per_seed_differences(runs_a, runs_b, stat))
+            text += f"; over seeds {interval_text(over.to_dict(), scale, digits, signed=True)}"
+        return text + f" (seeds {','.join(map(str, seeds))})"
+
+    protocol = next((r["protocol"] for r in mine), "paper")
+    lines = [f"`{protocol}` on {name} ({folder}) against the study's cells ({study}): accuracy in points / "
+             "answer-token loss, paired bootstrap 95% interval pooled over the seeds both hold, then the t-interval "
+             "over those seeds' own differences:", "",
+             "| method | target | seeds | this schedule | minus `tuned` | minus `paper` (the study's schedule) |",
+             "|---|---|---|---|---|---|"]
+    targets = sorted({r["target"] for r in mine}, reverse=True)
+    for method in ("bsi", "basel"):
+        for target in targets:
+            cells = by_seed(mine, method, target, protocol)
+            if not cells:
+                continue
+            runs = [load_mine(cells[s]) for s in sorted(cells)]
+            value = (f"{interval_text(value_interval(runs, 'accuracy').to_dict(), 100, 1)} / "
+                     f"{interval_text(value_interval(runs, 'loss').to_dict(), 1, 3)}")
+            vs = {p: " / ".join(diff(cells, by_seed(theirs, method, target, p), load_mine, load_theirs, stat, scale, d)
+                                for stat, scale, d in (("accuracy", 100, 1), ("loss", 1, 3)))
+                  for p in ("tuned", "paper")}
+            lines.append(f"| `{method}` | {target:g} | {','.join(map(str, sorted(cells)))} | {value} | {vs['tuned']} | "
+                         f"{vs['paper']} |")
+    lines += ["", f"`bsi` minus `basel` on {name}:", "", "| target | accuracy (points) | loss |", "|---|---|---|"]
+    for target in targets:
+        a, b = by_seed(mine, "bsi", target, protocol), by_seed(mine, "basel", target, protocol)
+        lines.append(f"| {target:g} | {diff(a, b, load_mine, load_mine, 'accuracy', 100, 1)} | "
+                     f"{diff(a, b, load_mine, load_mine, 'loss', 1, 3)} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("files", nargs="+", help="result files of the GPU scripts")
+    p.add_argument("files", nargs="*", help="result files of the GPU scripts")
+    p.add_argument("--sweep", help="a sweep folder of the published engine on its own schedule (item 3)")
+    p.add_argument("--against", help="the study's sweep folder the --sweep cells are compared with")
+    p.add_argument("--name", default="40 rounds of 12 iterations (10 tuning, 2 profiling)",
+                   help="the schedule's name in the --sweep table")
     p.add_argument("--cpu", action="append", default=[], metavar="PRESET=FOLDER",
                    help="the CPU float32 run folder of a preset, the reference of the compress table (repeatable)")
     args = p.parse_args(argv)
@@ -176,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--cpu takes PRESET=FOLDER, got '{item}'")
         cpu[preset] = cpu_reference(folder)
     tables = []
+    if bool(args.sweep) != bool(args.against):
+        raise SystemExit("give --sweep FOLDER and --against STUDY together")
+    if args.sweep:
+        tables.append(against_table(args.sweep, args.against, args.name))
     for name in args.files:
         result = json.loads(Path(name).read_text(encoding="utf-8"))
         kind = result.get("kind") or ("gpu" if "train" in result or "inference" in result else None)
