@@ -430,12 +430,14 @@ display(Markdown(
 #     print(f"round {r.round}: {r.loss_before:.3f} -> {r.loss_after:.3f}, {r.removed:,} bases")
 # ```
 #
-# What you should see: on the embedded model the single cut raises the loss
-# far more than any gradual cut, and more than the gradual run's last
-# "after" value: removing everything at once leaves no tuning steps to adapt
-# `sigma` between cuts, and the Taylor score, exact only for small steps, is
-# asked to predict one very large step. On the tiny random model the loss
-# barely moves either way (it has learned nothing to lose).
+# What you should see: on the embedded model, expect the single cut to raise
+# the loss on the fixed batch more than any one gradual cut, and to end
+# higher than the gradual run's last "after": removing everything at once
+# leaves no tuning steps to adapt `sigma` between cuts, and the Taylor score,
+# accurate only for small steps, must rank one very large step
+# (docs/method.md, section 9, measured that more, smaller cuts rank better).
+# On the tiny random model the loss barely moves either way (it has learned
+# nothing to lose).
 #
 # </details>
 #
