@@ -3,8 +3,11 @@
 Tabs: Compress (run BSI and watch each step and round), Inspect (every
 basis' sigma, the score's terms and importance), Spectra (exact
 Hessian spectrum of a layer, power-law fit, probes-needed calculator), Chat
-(the compressed model next to the original) and Compare (a sweep's accuracy
-against size). The app binds 127.0.0.1 and shares nothing publicly unless
+(the compressed model next to the run's fine-tuned dense model, one message
+or a whole prompts file), Answers (a run's and a sweep's answers, marked),
+Compare (a sweep's accuracy against size) and Help. It opens on the run and
+the study shipped in ``data/``, so every tab has real content before the
+first click. The app binds 127.0.0.1 and shares nothing publicly unless
 ``--share`` is given.
 """
 
@@ -21,9 +24,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--share", action="store_true", help="also open a public gradio.live link (off by default)")
     from bsi.config import PRESETS  # light: no torch
 
-    parser.add_argument("--preset", default="default", choices=list(PRESETS),
-                        help="preset the form starts from: default (embedded model) or smoke (tiny model, seconds)")
-    parser.add_argument("--sweep-dir", default="runs/sweep", help="folder the Compare tab proposes")
+    parser.add_argument("--preset", default="tour", choices=list(PRESETS),
+                        help="preset the form starts from: tour (the embedded model, about a minute and a half), "
+                             "default (the best trade, minutes) or smoke (tiny model, seconds)")
+    parser.add_argument("--run-dir", default=None,
+                        help="finished run the dashboard opens on (default: the run shipped in data/; '' for none)")
+    parser.add_argument("--sweep-dir", default=None,
+                        help="sweep the Compare and Answers tabs open on (default: the study shipped in data/)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     return parser.parse_args(argv)
 
@@ -46,7 +53,7 @@ def main(argv=None) -> None:
     from bsi.app.layout import startup_lines
 
     hf_logging.disable_progress_bar()  # the app shows progress itself; the console stays readable
-    demo = build_app(preset=args.preset, sweep_dir=args.sweep_dir)
+    demo = build_app(preset=args.preset, sweep_dir=args.sweep_dir, run_dir=args.run_dir)
     # quiet: Gradio's own lines would suggest `share=True in launch()`; the app's switch is --share
     demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share,
                         max_file_size=MAX_UPLOAD_BYTES, quiet=True, prevent_thread_lock=True)

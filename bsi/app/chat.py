@@ -15,12 +15,14 @@ the server's job board, so it works whether or not a compression is running.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from json import dumps as json_dumps
 from pathlib import Path
 
 from bsi.chat import ChatSession
 from bsi.errors import BSIError
 from bsi.pipeline.export import read_meta
 from bsi.method.surgery import model_parameters
+from bsi.app.answers import final_number, mark
 from bsi.app.format import in_app_words, number_text
 from bsi.app.state import LoadedModel, Session, Visitors, session_hash_of, with_request
 from bsi.models import TINY_MODEL
@@ -45,14 +47,66 @@ def sizes_text(session: Session) -> str:
     parts = [f"**compressed**: {session.compressed.params:,} parameters"]
     if session.original is not None:
         ratio = session.original.params / max(session.compressed.params, 1)
-        parts.append(f"**{session.original.label}**: {session.original.params:,} parameters "
+        parts.append(f"{session.original.label}: {session.original.params:,} parameters "
                      f"({number_text(ratio)}x larger)")
     text = " · ".join(parts)
     return f"{text}\n\n{TINY_NOTE}" if is_tiny(session) else text
 
 
+def run_reference(meta: dict, folder: Path) -> tuple[str | None, str]:
+    """Where the fair reference of the run in ``folder`` is: (model spec or None, what the page says about it).
+
+    The fair reference is the run's own fine-tuned dense model: the model the
+    run compressed, with the same task training. The pipeline caches it under
+    a hash of its inputs (:func:`bsi.pipeline.runner.finetune_cache_key`), so
+    the run's configuration (``bsi_config.json``'s ``settings``) finds it
+    again. A run that skipped the fine-tune compressed the source model
+    itself, which is then the reference; without the configuration, or with
+    the fine-tune no longer cached, the source model stands in and the page
+    says it is not fine-tuned.
+    """
+    import json
+
+    import torch
+
+    from bsi.config import PipelineConfig
+    from bsi.models import cache_root, resolve_device, resolve_dtype
+    from bsi.pipeline.runner import finetune_cache_key
+
+    source = meta.get("source_model")
+    settings = meta.get("settings")
+    if not isinstance(settings, dict):
+        return source, (f"reference: the source model `{source}`, **not fine-tuned** (this folder does not record its "
+                        "run's settings, so its fine-tuned dense model cannot be found): not an equal reference")
+    try:
+        config = PipelineConfig.from_dict(settings)
+    except (BSIError, TypeError, ValueError) as err:
+        raise BSIError(f"'{folder}': its bsi_config.json settings are not a run configuration ({err})") from None
+    if config.skip_finetune or config.finetune.steps == 0:
+        return config.model, f"reference: the source model `{config.model}` (the run compressed it without a fine-tune)"
+    summary = folder / "summary.json"
+    dtype_name = None
+    if summary.is_file():
+        try:
+            dtype_name = json.loads(summary.read_text(encoding="utf-8")).get("dtype")
+        except (OSError, ValueError):
+            dtype_name = None
+    dtype = getattr(torch, dtype_name) if isinstance(dtype_name, str) and hasattr(torch, dtype_name) else \
+        resolve_dtype(config.dtype, resolve_device(config.device))
+    cached = cache_root() / "finetuned" / finetune_cache_key(config, dtype)
+    if (cached / "config.json").is_file():
+        return str(cached), "reference: **the run's fine-tuned dense model** (the model it compressed, from the fine-tune cache)"
+    return source, (f"reference: the source model `{source}`, **not fine-tuned**: the run's fine-tuned dense model is "
+                    f"not in this machine's cache (`{cached}`); run `bsi compress` once with the run's settings to "
+                    "cache it, then load again for an equal reference")
+
+
 def load_folder(session: Session, folder: str) -> str:
-    """Load a compressed folder (``bsi compress --out``) and its source model into the session."""
+    """Load a compressed run folder (``bsi compress --out``, or *Save to folder*) and its reference into the session.
+
+    The reference is the run's fine-tuned dense model when it can be found
+    (:func:`run_reference`); the sizes line says which model it is.
+    """
     from bsi.models import load_model_and_tokenizer
 
     if session.closed:
@@ -62,15 +116,17 @@ def load_folder(session: Session, folder: str) -> str:
         raise BSIError("type the folder of a compressed model (one the Compress tab's 'Save to folder' or "
                        "`bsi compress` wrote)")
     path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise BSIError(f"'{folder}' is not a folder: type the folder a run saved its compressed model to")
     meta = read_meta(path)
+    spec, said = run_reference(meta, path)
     model, tokenizer = load_model_and_tokenizer(str(path))
-    source = meta.get("source_model")
-    session.compressed = LoadedModel(model, tokenizer, "compressed", model_parameters(model), source=source or "")
+    session.compressed = LoadedModel(model, tokenizer, "compressed", model_parameters(model),
+                                     source=meta.get("source_model") or "")
     session.original = None
-    if source:
-        original, original_tok = load_model_and_tokenizer(source)
-        session.original = LoadedModel(original, original_tok, f"original ({source}, not fine-tuned)",
-                                       model_parameters(original), source=source)
+    if spec:
+        original, original_tok = load_model_and_tokenizer(spec)
+        session.original = LoadedModel(original, original_tok, said, model_parameters(original), source=spec)
     session.chats = {}
     return sizes_text(session)
 
@@ -127,6 +183,81 @@ def _stream(session: Session, message: str, max_new_tokens: int) -> Iterator[tup
     yield tuple(_history(session.chats.get(side), empty=empty) for side in SIDES)  # type: ignore[misc]
 
 
+PROMPTS_FILE = "examples/prompts.jsonl"
+PROMPT_HEADERS = ["#", "prompt", "task's answer", "compressed answer", "compressed", "reference answer", "reference"]
+
+
+def prompt_examples(path: str) -> list[tuple[str, str | None]]:
+    """(question, answer or None) per prompt of a prompts file (``bsi compare``'s format), checked.
+
+    The questions are :func:`bsi.analysis.compare.read_prompts`'s; a line's
+    ``answer``, when it has one, must end with the number it is marked
+    against (``"... #### 42"`` or ``"42"``), else a one-line error names the line.
+    """
+    from bsi.analysis.compare import read_prompts
+    from bsi.data import extract_answer
+    from bsi.files import json_object
+
+    questions = read_prompts(path)
+    if Path(path).suffix != ".jsonl":
+        return [(q, None) for q in questions]
+    lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    out = []
+    for number, (line, question) in enumerate(zip(lines, questions), start=1):
+        answer = json_object(line, number, path).get("answer")
+        if answer is not None and (not isinstance(answer, (str, int, float)) or extract_answer(str(answer)) is None):
+            raise BSIError(f"{path} line {number}: the answer {json_dumps(answer)} has no final number to mark "
+                           "against; write it as '... #### 42' or '42', or leave 'answer' out")
+        out.append((question, None if answer is None else str(answer)))
+    return out
+
+
+def prompts_table(session: Session, path: str, max_new_tokens: int = 96) -> Iterator[tuple[str, list[list]]]:
+    """Answer every prompt of ``path`` with both loaded models, greedily; yields (status line, marked rows).
+
+    Both models answer with the task's prompt format and are marked as a
+    run's evaluation marks them (:func:`bsi.pipeline.evaluate.evaluate`: the
+    final number against the prompt's answer); a prompt without an answer is
+    answered and left unmarked. The status line names the reference.
+    """
+    from bsi.data import Example
+    from bsi.pipeline.evaluate import evaluate
+
+    if session.compressed is None:
+        raise BSIError("no compressed model yet: run a compression first, or load a saved folder")
+    if session.chatting:
+        raise BSIError("a reply is still streaming in this tab: wait for it to finish, then run the prompts")
+    prompts = prompt_examples((path or "").strip() or PROMPTS_FILE)
+    examples = [Example(question, answer or "") for question, answer in prompts]
+    sides = [("compressed", session.compressed), ("reference", session.original)]
+    session.chatting = True
+    try:
+        answered: dict[str, list] = {}
+        for name, loaded in sides:
+            if loaded is None:
+                continue
+            yield f"Answering {len(examples)} prompts with the {name} model…", []
+            outcomes = evaluate(loaded.model, loaded.tokenizer, examples, max_new_tokens=int(max_new_tokens),
+                                batch_size=8).outcomes
+            answered[name] = [(o.prediction or "", o.correct if answer else None)
+                              for o, (_, answer) in zip(outcomes, prompts)]
+    finally:
+        session.chatting = False
+    rows = []
+    for i, (question, answer) in enumerate(prompts):
+        cells = [i, question, final_number(answer)]
+        for name, _ in sides:
+            text, correct = answered.get(name, [("", None)] * len(prompts))[i]
+            cells += [text, mark(correct)]
+        rows.append(cells)
+    marked = sum(answer is not None for _, answer in prompts)
+    right = ", ".join(f"{name} {sum(bool(c) for _, c in answered[name])}/{marked}" for name, _ in sides
+                      if name in answered)
+    reference = session.original.label if session.original is not None else "no reference model loaded"
+    yield (f"{len(prompts)} prompts of `{(path or '').strip() or PROMPTS_FILE}`, {marked} with an answer · right: "
+           f"{right} · {reference}"), rows
+
+
 def clear(session: Session) -> tuple[list, list]:
     """Forget both conversations (the models stay loaded)."""
     session.chats = {}
@@ -142,7 +273,8 @@ def render(session_state, visitors: Visitors | None = None):
     sizes = gr.Markdown(elem_id="chat-sizes")
     with gr.Row():
         left = gr.Chatbot(label="Compressed model", height=380, elem_id="chat-compressed")
-        right = gr.Chatbot(label="Original model", height=380, elem_id="chat-original")
+        right = gr.Chatbot(label="Reference: dense model (the sizes line says which)", height=380,
+                           elem_id="chat-original")
     with gr.Row():
         message = gr.Textbox(placeholder="Ask both models, e.g. 'Amy has 12 apples and buys 7 more. How many now?'",
                              show_label=False, scale=5, elem_id="chat-input")
@@ -151,8 +283,18 @@ def render(session_state, visitors: Visitors | None = None):
         max_tokens = gr.Slider(8, 256, value=64, step=8, label="max new tokens")
         clear_button = gr.Button("Clear", size="sm")
     with gr.Accordion("Load a saved compressed model", open=False):
-        folder = gr.Textbox(label="Folder written by the Compress tab's 'Save to folder' (or by `bsi compress`)")
-        load_button = gr.Button("Load", size="sm")
+        folder = gr.Textbox(label="Folder written by the Compress tab's 'Save to folder' (or by `bsi compress`); "
+                                  "the reference becomes that run's fine-tuned dense model", elem_id="chat-folder")
+        load_button = gr.Button("Load", size="sm", elem_id="chat-load")
+    gr.Markdown("**A whole prompts file through both models at once**, each answer marked against the prompt's "
+                "answer (greedy, the task's prompt format, as a run's evaluation).")
+    with gr.Row():
+        prompts_path = gr.Textbox(value=PROMPTS_FILE, label="Prompts file (.jsonl: question, answer)", scale=4,
+                                  elem_id="chat-prompts-file")
+        prompts_button = gr.Button("Answer every prompt with both", scale=1, elem_id="chat-prompts-run")
+    prompts_status = gr.Markdown(elem_id="chat-prompts-status")
+    prompts_frame = gr.Dataframe(headers=PROMPT_HEADERS, value=[], interactive=False, wrap=True, max_height=600,
+                                 label="Both models' answers, marked", elem_id="chat-prompts-table")
 
     @with_request
     def on_send(request, session, text, tokens):
@@ -175,6 +317,17 @@ def render(session_state, visitors: Visitors | None = None):
                api_name="chat").then(lambda: "", None, message)
     message.submit(on_send, [session_state, message, max_tokens], [left, right, sizes], concurrency_limit=4
                    ).then(lambda: "", None, message)
+    @with_request
+    def on_prompts(request, session, path, tokens):
+        visitors.register(session_hash_of(request), session)
+        try:
+            for status, rows in prompts_table(session, path, max(int(tokens), 96)):
+                yield status, {"data": rows, "headers": PROMPT_HEADERS}
+        except BSIError as err:
+            yield f"**Error:** {in_app_words(str(err))}", {"data": [], "headers": PROMPT_HEADERS}
+
+    prompts_button.click(on_prompts, [session_state, prompts_path, max_tokens], [prompts_status, prompts_frame],
+                         concurrency_limit=1, api_name="prompts")
     clear_button.click(clear, session_state, [left, right])
     load_button.click(on_load, [session_state, folder], [sizes, left, right], concurrency_limit=1)
     return sizes

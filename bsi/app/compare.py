@@ -149,26 +149,39 @@ def view(spec: str):
                      "excludes 0", study_figure(stats), table(stats), HEADERS)
 
 
-def render(default_dir: str = "runs/sweep"):
-    """Lay out the Compare tab."""
+def opening(spec: str) -> tuple[str, object, dict]:
+    """(status, figure, table) of ``spec``, or one line saying what to change with an empty figure and table.
+
+    What the tab shows before any click (the shipped study) and after Load: a
+    folder that cannot be shown leaves nothing of the previous one on the page.
+    """
+    from bsi.analysis.figures import study_figure
+
+    try:
+        status, fig, rows, headers = view(spec)
+    except BSIError as err:
+        return f"**Error:** {err}", study_figure({"protocols": {}}), {"data": [], "headers": HEADERS}
+    return status, fig, {"data": rows, "headers": headers}
+
+
+def render(default_dir: str = ""):
+    """Lay out the Compare tab, open on ``default_dir`` (the shipped study when there is one)."""
     import gradio as gr
 
     from bsi.analysis.figures import study_figure
 
+    if default_dir:
+        first_status, first_figure, first_table = opening(default_dir)
+    else:
+        first_status, first_figure, first_table = ("Type a sweep folder and press Load.", study_figure({"protocols": {}}),
+                                                   {"data": [], "headers": HEADERS})
     with gr.Row():
         folder = gr.Textbox(value=default_dir, label="Sweep folder (holds results.jsonl, written by `bsi sweep`)",
-                            scale=4)
-        load = gr.Button("Load", variant="primary", scale=1)
-    status = gr.Markdown()
-    figure = gr.Plot(study_figure({"protocols": {}}), label="Accuracy and loss against size")
-    frame = gr.Dataframe(headers=HEADERS, value=[], interactive=False, label="Runs", wrap=True,
+                            scale=4, elem_id="compare-folder")
+        load = gr.Button("Load", variant="primary", scale=1, elem_id="compare-load")
+    status = gr.Markdown(first_status, elem_id="compare-status")
+    figure = gr.Plot(first_figure, label="Accuracy and loss against size", elem_id="compare-figure")
+    frame = gr.Dataframe(value=first_table, interactive=False, label="Runs", wrap=True, elem_id="compare-table",
                          datatype=["str", "str", "number", "number", "number", "str", "number", "str", "str", "str"])
 
-    def on_load(spec):
-        try:
-            status, fig, rows, headers = view(spec)
-        except BSIError as err:
-            return f"**Error:** {err}", gr.skip(), gr.skip()
-        return status, fig, {"data": rows, "headers": headers}
-
-    load.click(on_load, folder, [status, figure, frame])
+    load.click(opening, folder, [status, figure, frame])

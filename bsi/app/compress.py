@@ -26,10 +26,14 @@ from bsi.app.form import (
     RATIOS,
     Form,
     Knob,
+    QUICK_PRESET,
     SIZE_MODES,
     compute_eps_rule,
     eps_note,
     rule_text,
+    preset_label,
+    preset_line,
+    preset_order,
     size_mode_line,
     upload_message,
 )
@@ -105,8 +109,13 @@ def _method_inputs(defaults: Form) -> dict[str, Any]:
 
     gr.Markdown("### Method")
     hutchinson = defaults.curvature == "hutchinson"
-    inputs = {"preset": gr.Dropdown(list(PRESETS), value=defaults.preset, label="Preset",
-                                    info="the starting point: schedule, fine-tune and recovery steps, batch sizes")}
+    with gr.Row():
+        inputs = {"preset": gr.Dropdown([(preset_label(name), name) for name in preset_order()], value=defaults.preset,
+                                        label="Preset (measured time on 2 cores)", scale=3, elem_id="preset-menu",
+                                        info="the starting point: schedule, fine-tune and recovery steps, batch sizes")}
+        inputs["tour_button"] = gr.Button(f"Quick look: the {QUICK_PRESET} preset", size="sm", scale=1,
+                                          elem_id="tour-button")
+    inputs["preset_line"] = gr.Markdown(preset_line(defaults.preset), elem_id="preset-line")
     ratio = RATIOS[defaults.size_mode]
     with gr.Row():
         inputs["size_mode"] = gr.Radio(list(SIZE_MODES), value=defaults.size_mode, label=KNOB["size_mode"].label,
@@ -128,17 +137,16 @@ def _method_inputs(defaults: Form) -> dict[str, Any]:
     return inputs
 
 
-def _outputs() -> dict[str, Any]:
+def _outputs(opening: job.JobView) -> dict[str, Any]:
+    """The status line, the plots and the log, showing ``opening`` (a saved run, or empty plots) until Start."""
     import gradio as gr
 
-    from bsi.analysis import figures
-
-    out = {"status": gr.Markdown("Ready: press **Start**.", elem_id="job-status"),
-           "loss": gr.Plot(figures.loss_figure([]), label="Loss")}
+    out = {"status": gr.Markdown(opening.status, elem_id="job-status"),
+           "loss": gr.Plot(opening.loss, label="Loss", elem_id="loss-plot")}
     with gr.Row():
-        out["params"] = gr.Plot(figures.params_figure([]), label="Parameters")
-        out["log"] = gr.Textbox(label="Log (newest first)", lines=14, max_lines=14, elem_id="job-log")
-    out["ranks"] = gr.Plot(figures.rank_heatmap([]), label="Ranks")
+        out["params"] = gr.Plot(opening.params, label="Parameters", elem_id="params-plot")
+        out["log"] = gr.Textbox(opening.log, label="Log (newest first)", lines=14, max_lines=14, elem_id="job-log")
+    out["ranks"] = gr.Plot(opening.ranks, label="Ranks", elem_id="ranks-plot")
     return out
 
 
@@ -180,10 +188,17 @@ def _wire_form(inputs: dict[str, Any], upload_status, lines: dict[str, Any], for
         return [getattr(form, attr) for attr in refilled]
 
     inputs["preset"].input(on_preset, inputs["preset"], [inputs[attr] for attr in refilled])
+    inputs["preset"].change(preset_line, inputs["preset"], lines["preset_line"])
+    lines["tour_button"].click(lambda: [QUICK_PRESET, *on_preset(QUICK_PRESET)], None,
+                               [inputs["preset"], *(inputs[attr] for attr in refilled)])
 
 
-def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visitors | None = None) -> CompressTab:
+def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visitors | None = None,
+           opening: job.JobView | None = None) -> CompressTab:
     """Lay out the Compress tab inside the current Blocks and wire its events.
+
+    ``opening`` is what the plots show before Start (a saved run's,
+    :func:`bsi.app.saved.opening_view`; empty plots by default).
 
     Start and Resume are wired by the returned tab's ``connect(round, layer)``,
     given the Inspect tab's dropdowns, which the job fills as rounds finish.
@@ -196,7 +211,7 @@ def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visito
             upload_status = gr.Markdown()
             inputs.update(_method_inputs(defaults))
             eps_button = inputs.pop("eps_button")
-            lines = {key: inputs.pop(key) for key in ("size_line", "eps_note", "eps_text")}
+            lines = {key: inputs.pop(key) for key in ("size_line", "eps_note", "eps_text", "preset_line", "tour_button")}
             eps_text = lines["eps_text"]
             inputs["out_dir"] = gr.Textbox(value=defaults.out_dir, label="Save to folder",
                                            info="optional; empty keeps the result in memory. A run saved to a "
@@ -206,7 +221,11 @@ def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visito
                 resume = gr.Button("Resume", elem_id="resume-button")
                 cancel = gr.Button("Cancel", variant="stop", elem_id="cancel-button")
         with gr.Column(scale=3):
-            outputs = _outputs()
+            if opening is None:
+                from bsi.app.saved import opening_view
+
+                opening = opening_view(None)
+            outputs = _outputs(opening)
     form = [inputs[f.name] for f in dataclasses.fields(Form)]
     _wire_form(inputs, upload_status, lines, form)
 

@@ -148,6 +148,38 @@ class Form:
                    preset=preset, size_value=float(config.compress.ratio), **values)
 
 
+QUICK_PRESET = "tour"
+"""The preset the form offers first: a whole run of the embedded model in about a minute and a half."""
+
+
+def preset_order() -> list[str]:
+    """The presets as the menu lists them: the quick tour first, then the rest in :data:`bsi.config.PRESETS` order."""
+    return sorted(PRESETS, key=lambda name: name != QUICK_PRESET)
+
+
+def preset_label(name: str) -> str:
+    """The menu's entry for a preset: its name and its measured time on 2 cores (``not measured`` when none was)."""
+    from bsi.config import PRESET_COSTS
+    from bsi.progress import duration
+
+    cost = PRESET_COSTS.get(name)
+    if cost is None or not (cost.cached_seconds or cost.uncached_seconds):
+        return f"{name} · not measured"
+    if cost.cached_seconds:
+        return f"{name} · {duration(cost.cached_seconds)} (fine-tune cached)"
+    return f"{name} · {duration(cost.uncached_seconds)} (empty cache)"
+
+
+def preset_line(name: str) -> str:
+    """One line under the menu: the preset's measured cost on 2 cores and what it gives up for it."""
+    from bsi.config import PRESET_COSTS
+
+    cost = PRESET_COSTS.get(name)
+    if cost is None:
+        return f"**{name}**: not measured."
+    return f"**{name}**: {cost.time_text()}. Gives up: {cost.gives_up}."
+
+
 def size_mode_line(mode: str) -> str:
     """One line under the size inputs: what the chosen size mode does."""
     if mode == "keep":
@@ -431,4 +463,5 @@ def compute_eps_rule(form: Form | PipelineConfig) -> Iterator[str]:
 
 __all__ = ["Form", "Knob", "KNOBS", "RATIOS", "LABELS", "MAX_UPLOAD_BYTES", "MODEL_SOURCES", "DATA_SOURCES", "TEXT_INPUTS",
            "build_config", "validate_upload", "upload_message", "output_folder", "checkpoint_progress",
-           "eps_rule_text", "eps_note", "rule_text", "compute_eps_rule", "SIZE_MODES", "size_mode_line"]
+           "eps_rule_text", "eps_note", "rule_text", "compute_eps_rule", "SIZE_MODES", "size_mode_line",
+           "QUICK_PRESET", "preset_order", "preset_label", "preset_line"]

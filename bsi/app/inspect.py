@@ -165,8 +165,19 @@ def measure(session, round_index: int | None, name: str | None, count: int = MEA
     yield text, figures.ranking_figure(points)
 
 
-def render(session_state):
-    """Lay out the Inspect tab; returns its (round, layer) dropdowns for the Compress job to fill."""
+def opening(rounds: Sequence[RoundReport]) -> tuple[list[int], int | None, list[str], str | None]:
+    """(rounds, round shown, layers, layer shown) before any click: the last round's first layer of ``rounds``."""
+    if not rounds:
+        return [], None, [], None
+    layers = [layer.name for layer in rounds[0].layers]
+    return [r.round for r in rounds], rounds[-1].round, layers, layers[0]
+
+
+def render(session_state, rounds: Sequence[RoundReport] = ()):
+    """Lay out the Inspect tab; returns its (round, layer) dropdowns for the Compress job to fill.
+
+    ``rounds`` (a saved run's) fill the tab before any click.
+    """
     import gradio as gr
 
     gr.Markdown("Every basis of one layer in one pruning round: its learned coefficient sigma, what the score "
@@ -175,14 +186,19 @@ def render(session_state):
                 "sum, the importance. *protected* bases were outside the candidate pool; *pruned* ones were "
                 "removed. Click a column header to sort; the CSV has full precision. The scores are explained in "
                 "`docs/method.md` (section 3).")
+    round_ids, first_round, layer_names, first_layer = opening(rounds)
+    text, fig, values, path = view(rounds, first_round, first_layer)
     with gr.Row():
-        round_choice = gr.Dropdown([], label="Round", elem_id="inspect-round", interactive=True)
-        layer_choice = gr.Dropdown([], label="Layer", elem_id="inspect-layer", interactive=True)
-        download = gr.DownloadButton("Download CSV", value=None, elem_id="inspect-csv")
-    summary = gr.Markdown(layer_summary(None), elem_id="inspect-summary")
-    figure = gr.Plot(label="Bases")
-    frame = gr.Dataframe(value=table([]), interactive=False, label="Bases (sortable)", elem_id="inspect-table",
-                         max_height=420, wrap=True)
+        round_choice = gr.Dropdown(round_ids, value=first_round, label="Round", elem_id="inspect-round",
+                                   interactive=True)
+        layer_choice = gr.Dropdown(layer_names, value=first_layer, label="Layer", elem_id="inspect-layer",
+                                   interactive=True)
+        download = gr.DownloadButton("Download CSV", value=path, elem_id="inspect-csv")
+    summary = gr.Markdown(text, elem_id="inspect-summary")
+    figure = gr.Plot(fig, label="Bases", elem_id="inspect-figure")
+    frame = gr.Dataframe(value=values, interactive=False, label="Bases (sortable)", elem_id="inspect-table",
+                         max_height=420, wrap=True,
+                         datatype=["str" if header == "status" else "number" for header in values["headers"]])
 
     def on_choose(session, round_index, name):
         text, fig, values, path = view(session.rounds, round_index, name)

@@ -265,7 +265,7 @@ def _drive(pipeline: Pipeline, session: Session, config: PipelineConfig, min_int
     session.compressed = LoadedModel(pipeline.model.eval(), tokenizer, "compressed", model_parameters(pipeline.model),
                                      source=config.model)
     if dense_copy is not None:
-        session.original = LoadedModel(dense_copy.eval(), tokenizer, "original (dense, before compression)",
+        session.original = LoadedModel(dense_copy.eval(), tokenizer, "reference: **the run's fine-tuned dense model** (the model it compressed)",
                                        model_parameters(dense_copy), source=config.model)
     saved = f" · saved to `{pipeline.out_dir}`" if pipeline.out_dir is not None else ""
     yield snapshot(session, _done_status(session.summary) + saved, eps_text)

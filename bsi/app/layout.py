@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 
-from bsi.app import chat, compare, compress, inspect, spectra
+from bsi.app import answers, chat, compare, compress, guide, inspect, spectra
 from bsi.app.form import Form
+from bsi.app.saved import opening_folders, opening_view, read_saved_run, shipped_spectrum
 from bsi.app.state import JobBoard, Session, Visitors, with_request
+from bsi.errors import BSIError
 
 TITLE = "bsi: live compression studio"
 
@@ -29,14 +31,19 @@ def startup_lines(local_url: str, share_url: str | None = None) -> list[str]:
     return lines
 
 
-def build_app(preset: str = "default", sweep_dir: str = "runs/sweep", board: JobBoard | None = None):
+def build_app(preset: str = "tour", sweep_dir: str | None = None, run_dir: str | None = None,
+              board: JobBoard | None = None):
     """The dashboard as a ``gr.Blocks`` (not launched).
 
     Args:
-        preset: the preset the Compress form starts from (``default``: the
-            embedded model; ``smoke``: the tiny random model, seconds — what
-            the tests use, so a first click on Start finishes quickly).
-        sweep_dir: the folder the Compare tab proposes.
+        preset: the preset the Compress form starts from (``tour``: the
+            embedded model in about a minute and a half; ``smoke``: the tiny
+            random model, seconds — what the tests use).
+        sweep_dir: the sweep the Compare tab and the Answers tab's sweep view
+            open on (default: the sweep shipped in ``data/``; ``""``: none).
+        run_dir: the finished run the dashboard opens on (default: the runs
+            of the embedded model shipped in ``data/``,
+            :func:`bsi.app.saved.opening_folders`; ``""``: none).
         board: the job board to share (a new one by default: one per server).
     """
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -46,22 +53,41 @@ def build_app(preset: str = "default", sweep_dir: str = "runs/sweep", board: Job
     board = board or JobBoard()
     visitors = Visitors()
     defaults = Form.for_preset(preset)
+    shipped_plots, shipped_answers, shipped_sweep = opening_folders()  # data/ ("" where this checkout has none)
+    answers_dir = shipped_answers if run_dir is None else run_dir
+    run_dir = shipped_plots if run_dir is None else run_dir
+    sweep_dir = shipped_sweep if sweep_dir is None else sweep_dir
+    saved, error = None, None
+    if run_dir:
+        try:
+            saved = read_saved_run(run_dir)  # read once; every visitor's session shares it
+        except BSIError as err:
+            error = str(err)
+    opening_spectrum = shipped_spectrum(run_dir)
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"## {TITLE}\nCompress a causal LM with Basis Selection with Importance, watch every round, "
                     "inspect each basis' importance, and chat with the result next to the original.")
         session_state = gr.State(Session())
         with gr.Tabs():
             with gr.Tab("Compress", id="compress"):
-                tab = compress.render(board, session_state, defaults, visitors)
+                tab = compress.render(board, session_state, defaults, visitors, opening_view(saved, error))
             with gr.Tab("Inspect", id="inspect"):
-                tab.connect(*inspect.render(session_state))
+                tab.connect(*inspect.render(session_state, saved.rounds if saved else ()))
             with gr.Tab("Spectra", id="spectra"):
-                spectra.render(session_state, tab.form, visitors)
+                spectra.render(session_state, tab.form, visitors, opening_spectrum)
             with gr.Tab("Chat", id="chat") as chat_tab:
                 sizes = chat.render(session_state, visitors)
+            with gr.Tab("Answers", id="answers"):
+                opening = answers.render(answers_dir or "", sweep_dir or "")
             with gr.Tab("Compare", id="compare"):
-                compare.render(sweep_dir)
+                compare.render(sweep_dir or "")
+            with gr.Tab("Help", id="help"):
+                guide.render()
         chat_tab.select(chat.sizes_text, session_state, sizes)
+        if saved is not None:  # the visitor's session holds the saved run, so Inspect can scrub through it
+            demo.load(saved.fill, session_state, None)
+        for handler, inputs, outputs in opening.values():  # the Answers views open on the shipped data
+            demo.load(handler, inputs, outputs)
 
         @with_request
         def on_unload(request):  # the tab closed, or a client ended its session

@@ -19,6 +19,7 @@ and evaluates the bound. It is a view: the work is the library's.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from bsi.app.format import in_app_words, number_text, significant
 from bsi.errors import BSIError
@@ -75,9 +76,42 @@ def compute(session, form, name: str, k: int, examples: int = 4, seed: int = 0):
     return compute_spectra(loaded.model, [name], [batch], top_k=int(k), meta={"model": loaded.source})
 
 
-def spectrum_text(result) -> str:
-    """The measured layer in one line: size, |lambda_1|, trace, negative eigenvalues, the fit."""
-    layer = result.layers[0]
+SPECTRUM_FILE = "spectrum.json"
+"""What ``bsi spectrum --out DIR`` writes (:meth:`bsi.analysis.spectrum.SpectrumResult.save`), the tab's opening view."""
+
+
+def load_spectrum(path: str | Path):
+    """A :class:`~bsi.analysis.spectrum.SpectrumResult` read back from a ``spectrum.json`` (the matrices left out).
+
+    Raises:
+        BSIError: the file is missing or is not a spectrum.
+    """
+    import dataclasses
+    import json
+
+    from bsi.analysis.spectrum import LayerSpectrum, PowerLawFit, SpectrumResult
+
+    file = Path(path)
+    if file.is_dir():
+        file = file / SPECTRUM_FILE
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+        fields = {f.name for f in dataclasses.fields(LayerSpectrum)} - {"hessian"}
+        layers = [LayerSpectrum(**{k: v for k, v in layer.items() if k in fields} | {"fit": PowerLawFit(**layer["fit"])})
+                  for layer in data["layers"]]
+        meta = {k: v for k, v in data.items() if k not in ("top_k", "batches", "losses", "seconds", "layers")}
+        return SpectrumResult(layers, data["top_k"], data["batches"], data["losses"], data["seconds"], meta)
+    except OSError as err:
+        raise BSIError(f"cannot read the spectrum '{file}' ({err.strerror or err}): give a `bsi spectrum --out` "
+                       "folder") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise BSIError(f"'{file}' is not a spectrum written by `bsi spectrum` ({err})") from None
+
+
+def spectrum_text(result, layer=None) -> str:
+    """One measured layer in one line (the first of ``result`` unless given): size, |lambda_1|, trace, negative
+    eigenvalues, the fit."""
+    layer = result.layers[0] if layer is None else layer
     negative = round(layer.negative_share * layer.k)
     return (f"`{layer.name}`: top-{layer.k} sigmas, |lambda_1| = {number_text(layer.lambda_1)}, "
             f"Tr(H) = {number_text(layer.trace)}, {negative} negative eigenvalue(s); fit |lambda_k| ~ "
@@ -112,8 +146,12 @@ def calculator_text(n: float, a: float, lambda1: float, trace: float, e: float, 
     return text + (f" If H were positive semidefinite: s > {math.ceil(psd):,}." if psd is not None else "")
 
 
-def render(session_state, form_components, visitors=None):
-    """Lay out the Spectra tab; ``form_components`` are the Compress tab's inputs (model and data)."""
+def render(session_state, form_components, visitors=None, opening=None):
+    """Lay out the Spectra tab; ``form_components`` are the Compress tab's inputs (model and data).
+
+    ``opening``: a saved :class:`~bsi.analysis.spectrum.SpectrumResult` shown before any click (the
+    shipped run's, :func:`load_spectrum`), its last layer's values in the calculator.
+    """
     import gradio as gr
 
     from bsi.analysis.figures import spectrum_figure
@@ -134,18 +172,27 @@ def render(session_state, form_components, visitors=None):
         k = gr.Slider(2, 128, value=16, step=1, label="k (top sigmas)")
         examples = gr.Slider(1, 16, value=4, step=1, label="examples in the batch")
         compute_button = gr.Button("Compute spectrum", variant="primary")
-    status = gr.Markdown(elem_id="spectra-status")
-    figure = gr.Plot(spectrum_figure(None), label="Spectrum")
+    shown = opening.layers[-1] if opening is not None and opening.layers else None
+    said = ""
+    if shown is not None:
+        source = opening.meta.get("model", "")
+        said = (f"Saved spectra{f' of `{source}`' if source else ''}, {len(opening.layers)} layers: "
+                f"{spectrum_text(opening, shown)}. List the layers and compute one to measure "
+                "your own.")
+    status = gr.Markdown(said, elem_id="spectra-status")
+    figure = gr.Plot(spectrum_figure(opening), label="Spectrum", elem_id="spectra-figure")
     gr.Markdown("#### Probes needed: s > 2 (|l1|^2 H_{n,2a} / (Tr(H)^2/n) - 1) ln(2n/delta) / e^2 "
                 "(computing a spectrum fills in its values)")
+    start = (shown.k, significant(shown.fit.alpha), significant(shown.lambda_1), significant(shown.trace)) if shown \
+        else (128, 1.0, 1.0, 10.0)
     with gr.Row():
-        n = gr.Number(value=128, label="n (bases probed)", precision=0)
-        a = gr.Number(value=1.0, label="a (power-law exponent)")
-        lambda1 = gr.Number(value=1.0, label="|lambda_1|")
-        trace = gr.Number(value=10.0, label="Tr(H)")
+        n = gr.Number(value=start[0], label="n (bases probed)", precision=0)
+        a = gr.Number(value=start[1], label="a (power-law exponent)")
+        lambda1 = gr.Number(value=start[2], label="|lambda_1|")
+        trace = gr.Number(value=start[3], label="Tr(H)")
         e = gr.Number(value=0.1, label="relative error e")
         delta = gr.Number(value=0.05, label="delta")
-    answer = gr.Markdown(calculator_text(128, 1.0, 1.0, 10.0, 0.1, 0.05), elem_id="spectra-answer")
+    answer = gr.Markdown(calculator_text(*start, 0.1, 0.05), elem_id="spectra-answer")
     calc_inputs = [n, a, lambda1, trace, e, delta]
     for component in calc_inputs:
         component.change(calculator_text, calc_inputs, answer)

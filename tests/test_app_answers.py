@@ -1,0 +1,173 @@
+"""The dashboard's Answers, Chat-reference, Help and first-visit handlers, called directly (no server).
+
+A smoke run saved to a folder (the tiny random Llama, seconds) stands for a
+run; the study shipped in ``data/`` for a sweep. Each bad input gets one line
+that says what to change and no half-filled view.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from bsi.analysis.answers import CATEGORIES
+from bsi.app import answers, chat, compare, guide
+from bsi.app.form import Form, preset_label, preset_line, preset_order
+from bsi.app.state import Session
+from bsi.config import PRESET_COSTS, PRESETS, make_config
+from bsi.errors import BSIError
+from bsi.pipeline.runner import Pipeline
+
+
+@pytest.fixture(scope="module")
+def saved_run():
+    """A finished smoke run saved to a folder, and the cache holding its fine-tune."""
+    root = Path(tempfile.mkdtemp(prefix="bsi-app-answers-"))
+    old = os.environ.get("BSI_CACHE")
+    os.environ["BSI_CACHE"] = str(root / "cache")
+    torch.set_num_threads(1)
+    try:
+        for _ in Pipeline(make_config("smoke"), out_dir=root / "run").run():
+            pass
+        yield root / "run", root / "cache"
+    finally:
+        if old is None:
+            os.environ.pop("BSI_CACHE")
+        else:
+            os.environ["BSI_CACHE"] = old
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ a run's answers
+def test_run_answers_side_by_side_with_counts_and_filters(saved_run):
+    folder, _ = saved_run
+    status, rows, choices = answers.run_view(str(folder))
+    outcomes = [json.loads(line) for line in (folder / "outcomes.jsonl").read_text().splitlines()]
+    answered = [o for o in outcomes if o["model"] == "recovered" and o["correct"] is not None]
+    assert len(rows) == len(answered) and choices[0] == (f"all ({len(rows)})", "all")
+    counted = {value: int(label.split("(")[1].rstrip(")")) for label, value in choices[1:]}
+    assert sum(counted.values()) == len(rows) and set(counted) == set(CATEGORIES)
+    assert "reference: **the run's fine-tuned dense model**" in status
+    for row in rows:  # both marks, and the category they make
+        assert row[4] in ("✓ right", "✗ wrong") and row[6] in ("✓ right", "✗ wrong")
+        dense, mine = row[4].startswith("✓"), row[6].startswith("✓")
+        assert row[7] == ("both-right" if dense and mine else "lost" if dense else "gained" if mine else "both-wrong")
+    for name, count in counted.items():
+        filtered = answers.run_view(str(folder), "finetuned", name)[1]
+        assert len(filtered) == count and all(r[7] == name for r in filtered)
+
+
+def test_run_answers_bad_inputs_say_what_to_change(saved_run, tmp_path):
+    folder, _ = saved_run
+    with pytest.raises(BSIError, match="holds no outcomes.jsonl"):
+        answers.run_view(str(tmp_path))
+    with pytest.raises(BSIError, match="--dense-recovery"):
+        answers.run_view(str(folder), "dense_recovered")
+    with pytest.raises(BSIError, match="type the folder"):
+        answers.run_view("  ")
+
+
+# ------------------------------------------------------------------ the chat's reference
+def test_chat_reference_is_the_runs_fine_tuned_dense_model(saved_run, monkeypatch, tmp_path):
+    folder, cache = saved_run
+    session = Session()
+    sizes = chat.load_folder(session, str(folder))
+    assert "the run's fine-tuned dense model" in sizes and "not fine-tuned" not in sizes
+    tuned = [p for p in (cache / "finetuned").iterdir() if (p / "config.json").is_file()]
+    assert session.original.source == str(tuned[0])  # the cached fine-tune the run compressed
+    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "empty"))  # the fine-tune gone: said plainly
+    sizes = chat.load_folder(Session(), str(folder))
+    assert "**not fine-tuned**" in sizes and "bsi compress" in sizes
+    with pytest.raises(BSIError, match="not a bsi-compressed model folder"):
+        chat.load_folder(Session(), str(tmp_path))
+
+
+# ------------------------------------------------------------------ presets, help
+def test_every_preset_shows_its_measured_time():
+    assert preset_order()[0] == "tour" and sorted(preset_order()) == sorted(PRESETS)
+    for name in PRESETS:
+        cost = PRESET_COSTS[name]
+        label = preset_label(name)
+        assert label.startswith(name)
+        if cost.cached_seconds or cost.uncached_seconds:
+            assert "not measured" not in label and " s" in label
+        else:
+            assert label.endswith("not measured")
+        assert cost.time_text() in preset_line(name) and cost.gives_up in preset_line(name)
+
+
+def test_help_shows_the_defaults_table_and_the_presets():
+    from bsi.teaching import defaults_rows
+
+    text = guide.help_markdown()
+    assert "| setting | the paper | bsi's default |" in text
+    for row in defaults_rows():
+        assert f"| {row['setting']} |" in text
+    assert "](" not in guide.defaults_markdown()  # the app serves no files: paths, not dead links
+    for name in PRESETS:
+        assert f"| `{name}` | {PRESET_COSTS[name].time_text()} |" in text
+
+
+# ------------------------------------------------------------------ a saved run opens the dashboard
+def test_a_saved_run_reads_back_for_the_plots_and_inspect(tmp_path, monkeypatch):
+    from bsi.app import inspect
+    from bsi.app.saved import opening_view, read_saved_run, save_details
+    from bsi.reports import RoundReport, StepReport
+
+    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
+    pipeline = Pipeline(make_config("smoke"), out_dir=tmp_path / "run")
+    steps = [(r.stage, i, r.loss) for i, r in enumerate((r for r in pipeline.run() if isinstance(r, StepReport)), 1)]
+    plain = read_saved_run(tmp_path / "run")  # as bsi compress wrote it: scalars only
+    assert plain.rounds == [] and len(plain.compact) == 2
+    view = opening_view(plain)
+    assert "Showing a finished run" in view.status and list(view.params.data[0].y)[-1] == plain.compact[-1]["params_total"]
+    save_details(tmp_path / "run", pipeline.rounds, steps)
+    saved = read_saved_run(tmp_path / "run")
+    assert [r.round for r in saved.rounds] == [1, 2] and len(saved.steps) == len(steps)
+    original, back = pipeline.rounds[1].layers[3], saved.rounds[1].layers[3]
+    assert back.name == original.name and torch.equal(back.pool, original.pool) and torch.equal(back.pruned, original.pruned)
+    assert torch.allclose(back.importance, original.importance, rtol=1e-3, atol=1e-12)  # 4 significant figures
+    rows = inspect.basis_rows(back)
+    assert [r["status"] for r in rows] == [r["status"] for r in inspect.basis_rows(original)]
+    session = Session()
+    saved.fill(session)
+    assert session.rounds == saved.rounds and session.summary["params_after"] == saved.summary["params_after"]
+    session.summary = None  # a visitor's own run is never replaced by the saved one
+    session.rounds = ["mine"]
+    saved.fill(session)
+    assert session.rounds == ["mine"]
+    with pytest.raises(BSIError, match="no finished run"):
+        read_saved_run(tmp_path)
+
+
+def test_compare_opens_on_a_folder_or_says_why_not(tmp_path):
+    status, figure, table = compare.opening(str(tmp_path))
+    assert status.startswith("**Error:**") and "results.jsonl" in status and table["data"] == []
+
+
+def test_chat_runs_a_prompts_file_through_both_models_marked(saved_run, tmp_path):
+    folder, _ = saved_run
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"question": "What is 2 + 3?", "answer": "2 + 3 = 5\\n#### 5"}\n'
+                       '{"question": "Name a colour."}\n')
+    session = Session()
+    chat.load_folder(session, str(folder))
+    updates = list(chat.prompts_table(session, str(prompts), 8))
+    assert "compressed" in updates[0][0] and updates[0][1] == []  # progress first, no half table
+    status, rows = updates[-1]
+    assert len(rows) == 2 and rows[0][2] == "5" and rows[1][2] == ""
+    assert rows[0][4] in ("✓ right", "✗ wrong") and rows[0][6] in ("✓ right", "✗ wrong")
+    assert rows[1][4] == rows[1][6] == ""  # nothing to mark against
+    assert "1 with an answer" in status and "the run's fine-tuned dense model" in status and not session.chatting
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "What is 4 + 4?", "answer": "eight"}\n')
+    with pytest.raises(BSIError, match='line 1: the answer "eight" has no final number'):
+        list(chat.prompts_table(session, str(bad)))
+    with pytest.raises(BSIError, match="no compressed model yet"):
+        list(chat.prompts_table(Session(), str(prompts)))
