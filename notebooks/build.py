@@ -80,13 +80,17 @@ def runtime_line(stem: str, times: Mapping[str, Any]) -> str | None:
     parts = []
     if entry.get("not_cached_s") is not None:
         if entry.get("caches"):
-            parts.append(f"{duration(entry['cached_s'])} with the fine-tune cached, {duration(entry['not_cached_s'])} without")
+            parts.append(f"{duration(entry['cached_s'])} with the fine-tune cached, "
+                         f"{duration(entry['not_cached_s'])} without")
         else:
             parts.append(f"{duration(entry['not_cached_s'])} (nothing to fine-tune or cache)")
     if entry.get("tiny_s") is not None:
         parts.append(f"{duration(entry['tiny_s'])} on the tiny model")
-    cores = times.get("machine", {}).get("cpu_cores", "?")
-    return f"Run time on {cores} CPU cores: {'; '.join(parts)} ({entry.get('date') or times.get('date', 'undated')})."
+    machine = entry.get("machine") or times.get("machine", {})
+    cores = f"{machine.get('cpu_cores', '?')} CPU cores"
+    if machine.get("OMP_NUM_THREADS"):  # torch's threads were capped; by default it uses every core
+        cores += f" (OMP_NUM_THREADS={machine['OMP_NUM_THREADS']})"
+    return f"Run time on {cores}: {'; '.join(parts)} ({entry.get('date') or times.get('date', 'undated')})."
 
 
 def with_runtime(markdown: str, line: str | None) -> str:

@@ -79,7 +79,9 @@ PAGE_TEMPLATE = """{%- extends 'index.html.j2' -%}
 {%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
-{%- block extra_css -%}<style>math { font-size: 1.15em; } math[display="block"] { margin: 0.8em 0; }</style>{%- endblock extra_css -%}
+{%- block extra_css -%}
+<style>math { font-size: 1.15em; } math[display="block"] { margin: 0.8em 0; }</style>
+{%- endblock extra_css -%}
 """
 #: run after the notebook's own cells: the figures of its live FigureWidgets, whose saved widget state holds only the
 #: first draw (later updates travel as messages, not state)
@@ -322,7 +324,8 @@ def markdown_page(nb: nbformat.NotebookNode, stem: str, stamp: str) -> tuple[str
             raise BSIError(f"could not draw the figures as PNG ({error}); kaleido needs Chromium: run `make chromium`"
                            ) from error
         for output, png in zip(figures, pngs):
-            output.data = {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": output.data.get("text/plain", "Figure")}
+            output.data = {"image/png": base64.b64encode(png).decode("ascii"),
+                           "text/plain": output.data.get("text/plain", "Figure")}
     exporter = MarkdownExporter()  # its ExtractOutputPreprocessor moves each image to a file
     body, resources = exporter.from_notebook_node(nb, resources={"output_files_dir": f"{stem}_files",
                                                                  "unique_key": stem})
@@ -360,32 +363,31 @@ def plotly_js(out: Path) -> Path:
 
 # --------------------------------------------------------------------- main
 def render(stems: Iterable[str], model: str, out: Path, log=print) -> dict[str, Any]:
-    """Run, time and write the copies of ``stems`` into ``out``; returns the updated times file (also written)."""
-    stems = list(stems)
+    """Run, time and write the copies of ``stems`` into ``out``; returns the updated times file.
+
+    One notebook at a time: its entry in ``times.json`` and its copies are
+    written as soon as it has run, so a failure later keeps what was done.
+    """
     out.mkdir(parents=True, exist_ok=True)
     times_path = out / "times.json"
     times = build.load_times(times_path)
     if times.get("notebooks") and any(e.get("model") != MODELS[model] for e in times["notebooks"].values()):
         times = {}  # another model's times: start again rather than mix two models in one file
-    date = datetime.date.today().isoformat()
     plotly_js(out)
     with tempfile.TemporaryDirectory(prefix="bsi-walkthroughs-") as scratch:
-        results = {}
         for stem in stems:
-            notebook = nbformat.read(HERE / f"{stem}.ipynb", as_version=4)
-            results[stem] = measure(stem, notebook, model, Path(scratch), log)
-            assert not list(Path(scratch).glob("*.ipynb"))  # the notebooks write nothing next to themselves
-    times.update(date=date, machine=machine(), how=HOW)
-    times.setdefault("notebooks", {}).update({stem: entry | {"date": date, "source_sha256": source_hash(stem)}
-                                              for stem, (_, entry) in results.items()})
-    atomic_write_json(times_path, times)
-    for stem, (executed, _) in results.items():
-        fresh = build.build_notebook(HERE / "src" / f"{stem}.py", times)  # the first cell with the new times
-        markdown = {c.id: c.source for c in fresh.cells if c.cell_type == "markdown"}
-        for cell in executed.cells:
-            cell.source = markdown.get(cell.id, cell.source)
-        for path in write_copies(executed, stem, model, out, date):
-            log(f"wrote {path.relative_to(out.parent) if path.is_relative_to(out.parent) else path}")
+            executed, entry = measure(stem, nbformat.read(HERE / f"{stem}.ipynb", as_version=4), model, Path(scratch), log)
+            date = datetime.date.today().isoformat()
+            times.update(date=date, machine=machine(), how=HOW)
+            times.setdefault("notebooks", {})[stem] = entry | {"date": date, "machine": machine(),
+                                                               "source_sha256": source_hash(stem)}
+            atomic_write_json(times_path, times)
+            fresh = build.build_notebook(HERE / "src" / f"{stem}.py", times)  # its first cell with the new time
+            markdown = {c.id: c.source for c in fresh.cells if c.cell_type == "markdown"}
+            for cell in executed.cells:
+                cell.source = markdown.get(cell.id, cell.source)
+            for path in write_copies(executed, stem, model, out, date):
+                log(f"wrote {path.relative_to(out.parent) if path.is_relative_to(out.parent) else path}")
     return times
 
 
@@ -410,12 +412,13 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         parser.error("the notebooks are not built from their sources: " + "; ".join(problems))
     try:
-        times = render(stems, args.model, out)
+        render(stems, args.model, out)
     except BSIError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    if out.resolve() == DOCS.resolve():
-        build.write_all(times)  # each notebook opens with its new run time
+    finally:
+        if out.resolve() == DOCS.resolve():  # each notebook opens with its run time, even after a failure midway
+            build.write_all(build.load_times())
     return 0
 
 

@@ -68,6 +68,8 @@ def test_runtime_line_comes_from_the_times_file(tmp_path):
                                                     "cache); 9 s on the tiny model (2026-11-27).")
     assert build.runtime_line("09_tiny", times) == "Run time on 2 CPU cores: 10 s on the tiny model (2026-11-26)."
     assert build.runtime_line("10_none", times) is None
+    capped = {**times, "machine": {"cpu_cores": 2, "OMP_NUM_THREADS": "1"}}
+    assert build.runtime_line("09_tiny", capped).startswith("Run time on 2 CPU cores (OMP_NUM_THREADS=1): 10 s")
     source = tmp_path / "07_demo.py"
     source.write_text("# %% [markdown]\n# # 07 · A title\n#\n# First paragraph.\n\n# %%\nx = 1\n\n"
                       "# %% [markdown]\n# # Second\n")
@@ -112,6 +114,11 @@ def _outputs(nb) -> list:
     return [o for c in nb.cells for o in c.get("outputs", [])]
 
 
+def _notes(outputs: list) -> list[str]:
+    """The notes that stand for interactive views (the renderer's static copies)."""
+    return [o.data["text/markdown"] for o in outputs if "Interactive view" in o.get("data", {}).get("text/markdown", "")]
+
+
 @pytest.mark.parametrize("stem", STEMS)
 def test_tiny_render_reads_anywhere(stem, tiny_render):
     times, out = tiny_render
@@ -133,7 +140,7 @@ def test_tiny_render_reads_anywhere(stem, tiny_render):
     outputs = _outputs(executed)
     figures = [o for o in outputs if render.PLOTLY in o.get("data", {})]
     assert len(figures) >= 2 and not any(render.WIDGET_VIEW in o.get("data", {}) for o in outputs)
-    notes = [o.data["text/markdown"] for o in outputs if "Interactive view" in o.get("data", {}).get("text/markdown", "")]
+    notes = _notes(outputs)
     assert len(notes) == 1  # each notebook's interactive view, shown as the notebook left it
     printed = _texts(executed)
     assert any(t.startswith("Result: ") for t in printed)
@@ -172,7 +179,7 @@ def test_interactive_views_are_shown_as_the_notebook_left_them(tiny_render):
         traces = figure.data[PLOTLY]["data"]
         assert sum(len(t.get("x", [])) for t in traces) > 0
     curvature = _outputs(nbformat.read(out / "04_curvature.ipynb", as_version=4))
-    note = next(o.data["text/markdown"] for o in curvature if "Interactive view" in o.get("data", {}).get("text/markdown", ""))
+    (note,) = _notes(curvature)
     assert "`error e = 0.1`" in note and "`bases n = 128`" in note  # its sliders' values
     page = (out / "04_curvature.html").read_text(encoding="utf-8")
     assert "<math" in page and "$$" not in page  # formulas as MathML, none left for a script to typeset
