@@ -324,8 +324,8 @@ display(Markdown(
 # ```
 #
 # What you should see: each eightfold increase of `n` multiplies the bound by
-# a little more than 8: the `n zeta(2a)` factor is linear, and `ln(2n/delta)`
-# adds the rest (the probes per basis creep up slowly). This is a worst case
+# somewhat more than 8 (about 10): the `n zeta(2a)` factor is linear, and
+# `ln(2n/delta)` adds the rest (the probes per basis creep up slowly). This is a worst case
 # for a PSD Hessian; a measured spectrum (`probes_needed`) can ask for far
 # fewer.
 #
