@@ -77,7 +77,7 @@ PIECES = (
           "bash bench/gpu_study/prepare.sh",
           (SETUP, Call((".gpu-b",), "BUDGET=510 bash bench/gpu_study/compress.sh", 570, 420,
                        "join and install the model, 4 compress runs (2 fine-tunes), then bf16_rounds on `default`")),
-          "python bench/gpu_report.py <files>/compress.json <files>/bf16.json --cpu default=runs/default "
+          "python bench/gpu_report.py <files>/compress.json <files>/bf16.json --cpu default=data/runs/default "
           "--cpu demo=runs/demo", "compress.json, bf16.json, compress.log"),
     Piece(2, "2: study seeds 3 and 4 (bsi, basel, svd-llm; tuned; float32)",
           "bash bench/gpu_study/prepare.sh runs/study",
