@@ -35,6 +35,7 @@ from bsi.teaching import (
     truncation_errors,
 )
 from tests.conftest import lm_loss, make_tiny_llama, token_batches
+from tests.test_readme import heading_anchors
 
 LAYER = "model.layers.1.mlp.down_proj"
 ROOT = Path(__file__).resolve().parents[1]
@@ -250,12 +251,6 @@ def test_doc_markdown_fences_literal_blocks():
 
 
 
-def _github_anchor(heading: str) -> str:
-    """The anchor a code host gives a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[^\w\- ]", "", heading.strip().lstrip("#").strip().lower())
-    return text.replace(" ", "-")
-
-
 def test_defaults_table_reads_its_values_from_the_config():
     paper, ours = PROTOCOLS["paper"]["compress"], CompressConfig()
     assert all(getattr(ours, key) == value for key, value in PROTOCOLS["tuned"]["compress"].items())  # tuned = defaults
@@ -275,8 +270,7 @@ def test_defaults_table_reads_its_values_from_the_config():
 
 
 def test_defaults_table_links_to_headings_that_exist():
-    headings = [line for line in (ROOT / "docs" / "method.md").read_text().splitlines() if line.startswith("#")]
-    anchors = {_github_anchor(h) for h in headings}
+    anchors = heading_anchors(ROOT / "docs" / "method.md")
     assert set(METHOD_SECTIONS.values()) <= anchors
     linked = set(re.findall(r"method\.md#([\w-]+)", defaults_table_markdown()))
     assert linked and linked <= anchors
