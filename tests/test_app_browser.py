@@ -1,7 +1,21 @@
 """The dashboard in a real headless browser (Debian's chromium, driven by playwright).
 
-Opens the app built on the smoke preset, clicks Start with nothing changed,
-waits for two rounds, opens Inspect, Chat and Spectra and checks what they show.
+* :func:`test_first_visit_shows_the_shipped_run_and_study`: ``python app.py``
+  started as a user starts it; before any click the Compress plots, Inspect,
+  Spectra, Answers and Compare show the run and study shipped in ``data/``;
+  the time from the server's start to the first real figure on the page is
+  printed (a figure for the notes, not a timed assertion); then the form's
+  preset menu (every preset's measured time), eps (greyed out under fisher,
+  enabled by hutchinson) and the paper's size rule (KeepRatio), the Answers
+  views (filters, one problem across methods, what one method alone gets
+  right) and Help.
+* :func:`test_browser_start_inspect_chat`: the app built on the smoke preset,
+  Start with nothing changed, two rounds, then Inspect, Chat (a message, then
+  the whole prompts file through both models, marked) and Spectra.
+* :func:`test_bad_inputs_say_what_to_change_and_show_nothing_half`: a folder
+  with no outcomes, a sweep without answers, a prompts file with a malformed
+  answer: one line each, and no table or figure left from before.
+
 Screenshots go to ``artifacts/`` (git-ignored) as test artifacts:
 
 * ``compress-running.png``: the Compress tab once a round has streamed in;
@@ -9,20 +23,48 @@ Screenshots go to ``artifacts/`` (git-ignored) as test artifacts:
 * ``inspect.png``: round 2 of the first layer, figure and sortable table (its
   importance and status columns inside the window);
 * ``chat.png``: both models' replies side by side with their sizes;
-* ``spectra.png``: the exact Hessian spectrum of the last layer and the probes it asks for.
+* ``spectra.png``: the exact Hessian spectrum of the last layer and the probes it asks for;
+* ``first-visit.png`` (the README's ``docs/img/dashboard.png``), ``first-inspect.png``, ``first-spectra.png``,
+  ``first-compare.png``: the tabs before any click;
+* ``form-eps-keepratio.png``: eps enabled by hutchinson, the paper's size rule chosen;
+* ``answers-run.png`` (the ``lost`` filter), ``answers-sweep.png`` (one problem, every method),
+  ``answers-beats.png``, ``help.png``, ``chat-prompts.png``, ``bad-inputs.png``.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from conftest import smoke_app
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts"
+needs_chromium = pytest.mark.skipif(shutil.which(CHROMIUM) is None,
+                                    reason="chromium missing: run `make chromium` (apt-get, as root)")
+#: a plot that draws data (not the empty placeholder figure, whose only content is an annotation)
+HAS_DATA = """(id) => [...document.querySelectorAll('#' + id + ' .js-plotly-plot')].some(g => (g.data || []).some(
+    t => ['x', 'y', 'z'].some(k => Array.isArray(t[k]) && t[k].length > 0)))"""
+
+
+def launch(p):
+    return p.chromium.launch(executable_path=CHROMIUM, headless=True,
+                             args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -31,7 +73,7 @@ def app_url(tmp_path, monkeypatch):
         yield demo.local_url
 
 
-@pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="chromium missing: run `make chromium` (apt-get, as root)")
+@needs_chromium
 def test_browser_start_inspect_chat(app_url):
     from playwright.sync_api import expect, sync_playwright
 
@@ -42,7 +84,7 @@ def test_browser_start_inspect_chat(app_url):
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             page.goto(app_url)
-            expect(page.locator("#job-status")).to_contain_text("press Start")
+            expect(page.locator("#job-status")).to_contain_text("Start")
             page.locator("#start-button").click()
             status = page.locator("#job-status")
             # The smoke run is seconds long: a round's status may be replaced before the next poll,
@@ -80,9 +122,16 @@ def test_browser_start_inspect_chat(app_url):
             for side in ("#chat-compressed", "#chat-original"):
                 expect(page.locator(side)).to_contain_text("Amy has 12 apples", timeout=60_000)
             sizes = page.locator("#chat-sizes").inner_text()
-            assert "parameters" in sizes and "original" in sizes
+            assert "parameters" in sizes and "the run's fine-tuned dense model" in sizes
             page.wait_for_timeout(1500)  # let the streamed replies settle for the screenshot
             page.screenshot(path=str(ARTIFACTS / "chat.png"), full_page=True)
+            page.locator("#chat-prompts-run").click()  # examples/prompts.jsonl through both models, marked
+            prompts_status = page.locator("#chat-prompts-status")
+            expect(prompts_status).to_contain_text("prompts of", timeout=240_000)
+            expect(prompts_status).to_contain_text("the run's fine-tuned dense model")
+            expect(page.locator("#chat-prompts-table")).to_contain_text(re.compile("✓ right|✗ wrong"))
+            page.locator("#chat-prompts-table").scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "chat-prompts.png"), full_page=True)
 
             page.get_by_role("tab", name="Spectra").click()
             page.get_by_role("button", name="List layers").click()
@@ -94,5 +143,160 @@ def test_browser_start_inspect_chat(app_url):
             page.screenshot(path=str(ARTIFACTS / "spectra.png"), full_page=True)
         finally:
             browser.close()
-    for name in ("compress-running.png", "compress-done.png", "inspect.png", "chat.png", "spectra.png"):
+    for name in ("compress-running.png", "compress-done.png", "inspect.png", "chat.png", "chat-prompts.png",
+                 "spectra.png"):
         assert (ARTIFACTS / name).stat().st_size > 10_000
+
+
+@needs_chromium
+def test_first_visit_shows_the_shipped_run_and_study(tmp_path):
+    """``python app.py`` as a user starts it: real content in every tab before any click, then the form and Answers."""
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    port = free_port()
+    env = {**os.environ, "BSI_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "GRADIO_ANALYTICS_ENABLED": "False"}
+    started = time.monotonic()  # the server's start: the process, its imports, the shipped data, the page
+    server = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = None
+        while url is None:
+            line = server.stdout.readline()
+            assert line, "app.py ended before it printed its address"
+            found = re.search(r"(http://127\.0\.0\.1:\d+)", line)
+            url = found.group(1) if found else None
+        with sync_playwright() as p:
+            browser = launch(p)
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1100})
+                page.goto(url)
+                page.wait_for_function(HAS_DATA, arg="ranks-plot", timeout=120_000)
+                first_figure = time.monotonic() - started
+                print(f"\nfirst real figure on the page {first_figure:.1f} s after `python app.py` started")
+                (ARTIFACTS / "first-figure.txt").write_text(f"{first_figure:.1f} s from python app.py to the first "
+                                                            "real figure (the shipped run's rank heatmap)\n")
+                status = page.locator("#job-status")
+                expect(status).to_contain_text("Showing a finished run")
+                expect(status).to_contain_text("SmolLM2")
+                page.wait_for_function(HAS_DATA, arg="params-plot")
+                page.screenshot(path=str(ARTIFACTS / "first-visit.png"), full_page=False)
+
+                # every preset shows its measured time; the tour is first and one click away
+                menu = page.locator("#preset-menu input")
+                expect(menu).to_have_value(re.compile(r"^tour · "))
+                expect(page.locator("#preset-line")).to_contain_text("Gives up")
+
+                # eps: in view, greyed out under fisher with why and how; hutchinson enables it
+                expect(page.locator("#eps-field input")).to_be_disabled()
+                expect(page.locator("#eps-note")).to_contain_text("switch Curvature to hutchinson")
+                expect(page.locator("#eps-rule")).to_contain_text("0.0001")
+                page.locator("#curvature-field").get_by_text("hutchinson", exact=True).click()
+                expect(page.locator("#eps-field input")).to_be_enabled()
+                expect(page.locator("#eps-note")).to_contain_text("0 takes the rule")
+                page.locator("#size-mode").get_by_text("the paper's size rule (KeepRatio)").click()
+                expect(page.locator("#size-line")).to_contain_text("KeepRatio^(1/T)")
+                page.locator("#eps-field").scroll_into_view_if_needed()
+                page.screenshot(path=str(ARTIFACTS / "form-eps-keepratio.png"), full_page=False)
+
+                page.get_by_role("tab", name="Inspect").click()
+                expect(page.locator("#inspect-summary")).to_contain_text("candidate pool")
+                page.wait_for_function(HAS_DATA, arg="inspect-figure")
+                expect(page.locator("#inspect-table")).to_contain_text("importance")
+                page.screenshot(path=str(ARTIFACTS / "first-inspect.png"), full_page=True)
+
+                page.get_by_role("tab", name="Spectra").click()
+                expect(page.locator("#spectra-status")).to_contain_text("Saved spectra")
+                page.wait_for_function(HAS_DATA, arg="spectra-figure")
+                page.screenshot(path=str(ARTIFACTS / "first-spectra.png"), full_page=True)
+
+                page.get_by_role("tab", name="Compare").click()
+                expect(page.locator("#compare-status")).to_contain_text("evaluated models")
+                page.wait_for_function(HAS_DATA, arg="compare-figure")
+                page.screenshot(path=str(ARTIFACTS / "first-compare.png"), full_page=True)
+
+                page.get_by_role("tab", name="Answers").click()
+                run_status = page.locator("#answers-run-status")
+                expect(run_status).to_contain_text("reference: the run's fine-tuned dense model")
+                lost = page.locator("#answers-filter").get_by_text(re.compile(r"^lost \(\d+\)$"))
+                count = int(re.search(r"\((\d+)\)", lost.inner_text()).group(1))
+                lost.click()
+                table = page.locator("#answers-run-table")
+                if count:
+                    expect(table).to_contain_text("lost")
+                expect(table).not_to_contain_text("both-right")
+                page.screenshot(path=str(ARTIFACTS / "answers-run.png"), full_page=True)
+
+                page.get_by_role("tab", name="A sweep").click()
+                expect(page.locator("#answers-sweep-status")).to_contain_text("evaluated models")
+                expect(page.locator("#answers-problem-text")).to_contain_text("Problem 0")
+                expect(page.locator("#answers-problem-table")).to_contain_text("bsi @")
+                expect(page.locator("#answers-problem-table")).to_contain_text("dense")
+                page.screenshot(path=str(ARTIFACTS / "answers-sweep.png"), full_page=True)
+                page.locator("#answers-beats").click()
+                expect(page.locator("#answers-beats-text")).to_contain_text("answered right by")
+                page.screenshot(path=str(ARTIFACTS / "answers-beats.png"), full_page=True)
+
+                page.get_by_role("tab", name="Help").click()
+                expect(page.locator("#help-text")).to_contain_text("The paper and bsi's defaults")
+                expect(page.locator("#help-text")).to_contain_text("why bsi differs")
+                page.screenshot(path=str(ARTIFACTS / "help.png"), full_page=True)
+            finally:
+                browser.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    for name in ("first-visit.png", "form-eps-keepratio.png", "first-inspect.png", "first-spectra.png",
+                 "first-compare.png", "answers-run.png", "answers-sweep.png", "answers-beats.png", "help.png"):
+        assert (ARTIFACTS / name).stat().st_size > 10_000
+
+
+@needs_chromium
+def test_bad_inputs_say_what_to_change_and_show_nothing_half(app_url, tmp_path):
+    """A folder with no outcomes, a sweep without answers, a prompts file with a malformed answer: one line each."""
+    from playwright.sync_api import expect, sync_playwright
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    no_answers = tmp_path / "sweep"  # a sweep's rows without their outcome files
+    no_answers.mkdir()
+    (no_answers / "results.jsonl").write_text('{"method": "dense", "protocol": "dense", "target": 1.0, "seed": 0, '
+                                              '"params_total": 10, "accuracy": 0.5, "loss": 1.0}\n')
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"question": "What is 4 + 4?", "answer": "eight"}\n')
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(app_url)
+            page.get_by_role("tab", name="Answers").click()
+            page.locator("#answers-run-folder textarea").fill(str(empty))
+            page.locator("#answers-run-load").click()
+            status = page.locator("#answers-run-status")
+            expect(status).to_contain_text("holds no outcomes.jsonl", timeout=30_000)
+            expect(status).to_contain_text("give the --out folder of a finished `bsi compress` run".replace("`", ""))
+            assert page.locator("#answers-run-table tbody tr").count() <= 1  # no rows (an empty table keeps one)
+            expect(page.locator("#answers-run-table")).not_to_contain_text("✓")
+
+            page.get_by_role("tab", name="A sweep").click()
+            page.locator("#answers-sweep-folder textarea").fill(str(no_answers))
+            page.locator("#answers-sweep-load").click()
+            expect(page.locator("#answers-sweep-status")).to_contain_text("no per-problem outcomes", timeout=30_000)
+            expect(page.locator("#answers-problem-table")).not_to_contain_text("bsi @")
+
+            page.get_by_role("tab", name="Compare").click()
+            page.locator("#compare-folder textarea").fill(str(empty))
+            page.locator("#compare-load").click()
+            expect(page.locator("#compare-status")).to_contain_text("give a sweep folder holding results.jsonl",
+                                                                    timeout=30_000)
+
+            page.get_by_role("tab", name="Chat").click()
+            page.locator("#chat-prompts-file textarea").fill(str(prompts))
+            page.locator("#chat-prompts-run").click()
+            chat_status = page.locator("#chat-prompts-status")
+            expect(chat_status).to_contain_text('line 1: the answer "eight" has no final number', timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "bad-inputs.png"), full_page=True)
+        finally:
+            browser.close()

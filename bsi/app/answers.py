@@ -147,7 +147,8 @@ def render(run_folder: str = "", sweep_folder: str = ""):
         run_status_md = gr.Markdown(elem_id="answers-run-status")
         which = gr.Radio([ALL, *CATEGORIES], value=ALL, label="Show", elem_id="answers-filter")
         run_table = gr.Dataframe(headers=RUN_HEADERS, value=[], interactive=False, wrap=True, max_height=600,
-                                 label="Answers (dense reference | compressed)", elem_id="answers-run-table")
+                                 label="Answers (dense reference | compressed)", elem_id="answers-run-table",
+                                 column_widths=["4%", "26%", "6%", "22%", "6%", "22%", "6%", "8%"])
 
     with gr.Tab("A sweep"):
         with gr.Row():
@@ -162,7 +163,8 @@ def render(run_folder: str = "", sweep_folder: str = ""):
             show = gr.Button("Show every method's answer", scale=1, elem_id="answers-problem-show")
         problem_md = gr.Markdown(elem_id="answers-problem-text")
         problem_table = gr.Dataframe(headers=PROBLEM_HEADERS, value=[], interactive=False, wrap=True, max_height=520,
-                                     label="Every method at every size", elem_id="answers-problem-table")
+                                     label="Every method at every size", elem_id="answers-problem-table",
+                                     column_widths=["22%", "70%", "8%"])
         gr.Markdown("**What does one method still get right that the others do not?**")
         with gr.Row():
             method = gr.Dropdown([], label="Method", interactive=True, elem_id="answers-method")

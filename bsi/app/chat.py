@@ -1,15 +1,19 @@
-"""Chat tab: the compressed model and the original side by side, streaming.
+"""Chat tab: the compressed model and its dense reference side by side, streaming; a prompts file, marked.
 
 Both models answer the same message greedily (so a difference comes from the
 weights, not from sampling). Their replies stream at once: the two
 :meth:`bsi.chat.ChatSession.stream_reply` generators, each generating in its
 own thread, are read in turn, and every new piece updates both panels.
+:func:`prompts_table` runs a whole prompts file through both models at once
+and marks each answer against the prompt's answer, as a run's evaluation does.
 
 The models come from the session: the last finished run of the Compress tab
-(the original being the dense model just before compression, i.e. after the
-task fine-tune), or a compressed folder loaded here (the original then being
-the source model named in its ``bsi_config.json``). Chat takes no part in
-the server's job board, so it works whether or not a compression is running.
+(the reference being the dense model just before compression, i.e. the run's
+fine-tuned model), or a run folder loaded here, whose reference is again the
+run's own fine-tuned dense model, found in the fine-tune cache by the run's
+configuration (:func:`run_reference`); when it cannot be found the source
+model stands in and the page says it is not fine-tuned. Chat takes no part
+in the server's job board, so it works whether or not a compression is running.
 """
 
 from __future__ import annotations
@@ -223,11 +227,11 @@ def prompts_table(session: Session, path: str, max_new_tokens: int = 96) -> Iter
     from bsi.data import Example
     from bsi.pipeline.evaluate import evaluate
 
+    prompts = prompt_examples((path or "").strip() or PROMPTS_FILE)  # the file first: its errors need no model
     if session.compressed is None:
         raise BSIError("no compressed model yet: run a compression first, or load a saved folder")
     if session.chatting:
         raise BSIError("a reply is still streaming in this tab: wait for it to finish, then run the prompts")
-    prompts = prompt_examples((path or "").strip() or PROMPTS_FILE)
     examples = [Example(question, answer or "") for question, answer in prompts]
     sides = [("compressed", session.compressed), ("reference", session.original)]
     session.chatting = True
@@ -294,7 +298,8 @@ def render(session_state, visitors: Visitors | None = None):
         prompts_button = gr.Button("Answer every prompt with both", scale=1, elem_id="chat-prompts-run")
     prompts_status = gr.Markdown(elem_id="chat-prompts-status")
     prompts_frame = gr.Dataframe(headers=PROMPT_HEADERS, value=[], interactive=False, wrap=True, max_height=600,
-                                 label="Both models' answers, marked", elem_id="chat-prompts-table")
+                                 label="Both models' answers, marked", elem_id="chat-prompts-table",
+                                 column_widths=["4%", "30%", "7%", "23%", "6%", "24%", "6%"])
 
     @with_request
     def on_send(request, session, text, tokens):

@@ -66,7 +66,8 @@ def build_app(preset: str = "tour", sweep_dir: str | None = None, run_dir: str |
     opening_spectrum = shipped_spectrum(run_dir)
     with gr.Blocks(title=TITLE) as demo:
         gr.Markdown(f"## {TITLE}\nCompress a causal LM with Basis Selection with Importance, watch every round, "
-                    "inspect each basis' importance, and chat with the result next to the original.")
+                    "inspect each basis' importance, chat with the result next to its dense reference, and read what "
+                    "the models answered, problem by problem.")
         session_state = gr.State(Session())
         with gr.Tabs():
             with gr.Tab("Compress", id="compress"):
