@@ -153,11 +153,11 @@ def test_introductions_list_the_sections_and_quantities_are_defined_before_use()
             lists[-1].append(number)
         listed = lists[-1] if lists else []
         sections = [int(n) for n in re.findall(r"^## (\d+)\. ", "\n".join(cells), re.M)]
-        assert not listed or listed == sections, f"{path.stem}: the introduction lists {listed}, the notebook has {sections}"
+        assert not listed or listed == sections, f"{path.stem}: intro lists {listed}, sections {sections}"
     curvature = [c.source for c in nbformat.read(NOTEBOOK_DIR / "04_curvature.ipynb", as_version=4).cells]
     first_use = next(n for n, c in enumerate(curvature) if "H_{n,2a}" in c)
     assert "generalized harmonic number" in curvature[first_use] and "zeta" in curvature[first_use]
-    scoring = "\n".join(c.source for c in nbformat.read(NOTEBOOK_DIR / "02_importance_scoring.ipynb", as_version=4).cells)
+    scoring = "\n".join(c.source for c in nbformat.read(NOTEBOOK_DIR / "02_importance_scoring.ipynb", 4).cells)
     assert "defaults_table_markdown(" in scoring and "three lines" in scoring
 
 

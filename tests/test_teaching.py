@@ -259,7 +259,8 @@ def test_defaults_table_reads_its_values_from_the_config():
                          ("cut cap", "max_cut_factor"), ("score window", "score_window"),
                          ("first-order terms", "gradient_z"), ("eps floor", "eps_floor")]:
         assert paper[key] != getattr(ours, key)
-        assert rows[setting]["paper"].count(f"`{paper[key]}`") == 1 and f"`{getattr(ours, key)}`" in rows[setting]["bsi"]
+        assert rows[setting]["paper"].count(f"`{paper[key]}`") == 1
+        assert f"`{getattr(ours, key)}`" in rows[setting]["bsi"]
     assert f"`{paper['probe_scope']}`" in rows["curvature"]["paper"]  # the published probe over the whole model
     assert rows["size rule"]["paper"].startswith("`keep`") and "keep" in SIZE_MODES
     assert f"`{ours.size_mode}`" in rows["size rule"]["bsi"] and f"`{ours.target_ratio}`" in rows["size rule"]["bsi"]
@@ -277,7 +278,8 @@ def test_defaults_table_links_to_headings_that_exist():
 
 
 def test_further_reading_cites_both_papers():
-    assert len(FURTHER_READING) == 2 and all("arXiv:" in ref and "https://arxiv.org/abs/" in ref for ref in FURTHER_READING)
+    assert len(FURTHER_READING) == 2
+    assert all("arXiv:" in ref and "https://arxiv.org/abs/" in ref for ref in FURTHER_READING)
 
 
 def test_doc_markdown_turns_rst_tables_roles_and_doctests_into_markdown():
