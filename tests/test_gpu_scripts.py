@@ -194,15 +194,15 @@ def sweep_flags(call) -> list[str]:
 def test_new_seeds_prune_along_the_same_path_as_the_studys_seeds(tmp_path, plan):
     study = sweep_of(["--preset", "study"], tmp_path / "study")
     calls = [c for p in plan.PIECES for c in p.calls if "run.sh" in c.command and "tuned" in c.command]
-    assert len(calls) == 2
+    assert len(calls) == 4 and sum(c.optional for c in calls) == 2  # seeds 3-5 (4 twice: piece 3 if not piece 2)
     for call in calls:
         flags = sweep_flags(call)
         sweep = sweep_of(flags, tmp_path / "seeds")
         assert sweep.fingerprint() == study.fingerprint()  # the study folder takes its rows, and merges them
         seeds = sweep.settings.seeds
-        assert set(seeds) & {3, 4, 5} == set(seeds)
+        assert len(seeds) == 1 and seeds[0] in (3, 4, 5)  # one seed per call: each seed on one machine
         cells = sweep.cells()
-        assert len(cells) == 20 * len(seeds) and all(c.startswith(("tuned/", "published/")) for c in cells)
+        assert len(cells) == 20 and all(c.startswith(("tuned/", "published/")) for c in cells)
         for method in ("bsi", "basel", "svd-llm"):
             assert sweep.config_for(seeds[0], method, "tuned").compress == study.config_for(0, method, "tuned").compress
     # Why the targets stay the preset's: a path through fewer sizes splits its rounds otherwise.

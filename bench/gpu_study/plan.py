@@ -46,6 +46,7 @@ class Call:
     timeout_s: int
     expect_s: int  # estimated seconds of the command itself
     what: str
+    optional: bool = False  # only when the piece has the time left (not in its expected total)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Piece:
 
     @property
     def expect_s(self) -> int:
-        return sum(c.expect_s for c in self.calls) + 90  # a start: 1-2 minutes
+        return sum(c.expect_s for c in self.calls if not c.optional) + 90  # a start: 1-2 minutes
 
 
 SETUP = Call((".gpu-a",), "bash bench/gpu_study/setup.sh", 120, 20, "keep model half a (and the sweep copy), install "
@@ -67,9 +68,10 @@ SETUP = Call((".gpu-a",), "bash bench/gpu_study/setup.sh", 120, 20, "keep model 
 
 
 def sweep_call(flags: list[str], seconds: int, what: str, resume: bool = False) -> Call:
+    """A sweep call: the first carries model half b; a resumed one (optional) continues in the warm machine's copy."""
     env = f"SWEEP_S={seconds}" + (" RESUME=/tmp/study-gpu" if resume else "")
     return Call(() if resume else (".gpu-b",), f"{env} bash bench/gpu_study/run.sh {shlex.join(flags)}", seconds + 50,
-                seconds, what)
+                seconds, what, optional=resume)
 
 
 PIECES = (
@@ -79,16 +81,19 @@ PIECES = (
                        "join and install the model, 4 compress runs (2 fine-tunes), then bf16_rounds on `default`")),
           "python bench/gpu_report.py <files>/compress.json <files>/bf16.json --cpu default=data/runs/default "
           "--cpu demo=runs/demo", "compress.json, bf16.json, compress.log"),
-    Piece(2, "2: study seeds 3 and 4 (bsi, basel, svd-llm; tuned; float32)",
+    Piece(2, "2: study seed 3, then seed 4 if the piece has 8 minutes left (bsi, basel, svd-llm; tuned; float32)",
           "bash bench/gpu_study/prepare.sh runs/study",
-          (SETUP, sweep_call(SEEDS + ["--seeds", "3,4"], 540, "seed 3 (about 5.5 min: 20 cells, 3 paths) then seed 4 "
-                                                             "until SWEEP_S")),
-          "tar xzf <files>/study.tgz -C /tmp && bsi sweep --preset study --out runs/study --merge /tmp/study",
-          "study.tgz (the folder and sweep.log)"),
-    Piece(3, "2: the rest of seed 4, seed 5", "bash bench/gpu_study/prepare.sh runs/study   # the merged folder",
-          (SETUP, sweep_call(SEEDS + ["--seeds", "4,5"], 540, "seed 4's missing cells, seed 5")),
-          "tar xzf <files>/study.tgz -C /tmp && bsi sweep --preset study --out runs/study --merge /tmp/study",
-          "study.tgz"),
+          (SETUP, sweep_call(SEEDS + ["--seeds", "3"], 420, "seed 3: 20 cells, 3 paths (about 5.5 min)"),
+           sweep_call(SEEDS + ["--seeds", "4"], 420, "only with 8 minutes of device time left: seed 4 into the same "
+                                                     "copy (each seed on one machine)", resume=True)),
+          "for f in <files of each call>/study.tgz; do rm -rf /tmp/study; tar xzf $f -C /tmp && "
+          "bsi sweep --preset study --out runs/study --merge /tmp/study; done",
+          "study.tgz from each sweep call (the folder and sweep.log)"),
+    Piece(3, "2: the seeds piece 2 left (5, and 4 if it did not run)",
+          "bash bench/gpu_study/prepare.sh runs/study   # the merged folder",
+          (SETUP, sweep_call(SEEDS + ["--seeds", "5"], 420, "seed 5"),
+           sweep_call(SEEDS + ["--seeds", "4"], 420, "seed 4, if piece 2 did not run it", resume=True)),
+          "as piece 2", "study.tgz from each sweep call"),
     Piece(4, "3: the published engine on its schedule, seed 0 (bsi, then basel)",
           "bash bench/gpu_study/prepare.sh   # later pieces: prepare.sh runs/study-paper-40x12",
           (SETUP, sweep_call(PAPER_SCHEDULE + ["--methods", "bsi,basel", "--seeds", "0"], 540,
@@ -115,8 +120,9 @@ def markdown() -> str:
     for piece in PIECES:
         for i, call in enumerate(piece.calls):
             first = i == 0
+            what = ("(optional) " if call.optional else "") + call.what
             lines.append(f"| {piece.number if first else ''} | {piece.item if first else ''} | "
-                         f"{'`' + piece.prepare + '`' if first else ''} | {i + 1}: {call.what} | "
+                         f"{'`' + piece.prepare + '`' if first else ''} | {i + 1}: {what} | "
                          f"{', '.join(call.carry) or '-'} | `{call.command}` | {call.timeout_s} | ~{call.expect_s} s | "
                          f"{(piece.returns + '; `' + piece.merge + '`') if i == len(piece.calls) - 1 else ''} |")
         lines.append(f"| | | | piece total, a start included | | | | ~{piece.expect_s / 60:.0f} min | |")
@@ -135,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--piece must be one of {', '.join(str(x.number) for x in PIECES)}")
     print(f"# piece {piece.number}, item {piece.item}\n# here: {piece.prepare}")
     for call in piece.calls:
-        print(f"run(command={call.command!r}, carry={list(call.carry)}, timeout_s={call.timeout_s})")
+        print(("# only with the time left:\n" if call.optional else "")
+              + f"run(command={call.command!r}, carry={list(call.carry)}, timeout_s={call.timeout_s})")
     print(f"# back here: {piece.merge}")
     return 0
 
