@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from common import machine  # noqa: E402
 
+from bsi.analysis.ranking import spearman  # noqa: E402
 from bsi.config import PRESETS, make_config  # noqa: E402
 from bsi.files import atomic_write_json  # noqa: E402
 from bsi.models import cache_root  # noqa: E402
@@ -47,17 +48,6 @@ from bsi.pipeline.runner import Pipeline, finetune_cache_key  # noqa: E402
 from bsi.reports import RoundReport  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
-
-
-def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Rank correlation of two equal-length vectors (ties broken by position); nan below 3 entries."""
-    if a.numel() < 3:
-        return float("nan")
-    ra = torch.argsort(torch.argsort(a.double())).double()
-    rb = torch.argsort(torch.argsort(b.double())).double()
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    den = float(ra.norm() * rb.norm())
-    return float((ra @ rb) / den) if den else float("nan")
 
 
 def relative(a: torch.Tensor | None, b: torch.Tensor | None) -> float | None:
