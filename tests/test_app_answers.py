@@ -171,3 +171,62 @@ def test_chat_runs_a_prompts_file_through_both_models_marked(saved_run, tmp_path
         list(chat.prompts_table(session, str(bad)))
     with pytest.raises(BSIError, match="no compressed model yet"):
         list(chat.prompts_table(Session(), str(prompts)))
+
+
+# ------------------------------------------------------------------ a sweep's answers
+@pytest.fixture(scope="module")
+def tiny_sweep():
+    """A sweep of two methods at two sizes on the tiny model (seconds), with answers kept."""
+    from bsi.config import SweepConfig
+    from bsi.pipeline.sweep import Sweep
+
+    root = Path(tempfile.mkdtemp(prefix="bsi-app-sweep-"))
+    old = os.environ.get("BSI_CACHE")
+    os.environ["BSI_CACHE"] = str(root / "cache")
+    try:
+        config = make_config("smoke", {"eval_examples": 6, "test_size": 6, "max_new_tokens": 8,
+                                       "compress": {"rounds": 3, "iters_per_epoch": 6}})
+        for _ in Sweep(config, SweepConfig.from_dict({"methods": ("svd", "bsi", "basel"), "targets": (0.6, 0.4)}),
+                       root / "sweep").run():
+            pass
+        yield root / "sweep"
+    finally:
+        if old is None:
+            os.environ.pop("BSI_CACHE")
+        else:
+            os.environ["BSI_CACHE"] = old
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_sweep_answers_one_problem_across_methods_and_sizes(tiny_sweep):
+    from bsi.analysis.answers import read_sweep_answers
+
+    sweep = read_sweep_answers(tiny_sweep)
+    offer = answers.sweep_choices(sweep)
+    assert offer["methods"] == ["svd", "bsi", "basel"] and offer["targets"] == [0.6, 0.4] and offer["count"] == 6
+    text, rows = answers.problem_view(sweep, 2)
+    assert text.startswith("**Problem 2** (seed 0)") and "task's answer" in text
+    labels = [row[0] for row in rows]
+    assert labels[0] == "dense" and len(rows) == 1 + 3 * 2  # the dense model, then every method at both sizes
+    assert any(label.startswith("bsi @ 0.4") for label in labels)
+    assert all(row[2] in ("✓ right", "✗ wrong") for row in rows)
+    with pytest.raises(BSIError, match="give 0 to 5"):
+        answers.problem_view(sweep, 6)
+    text, rows, headers = answers.beats_view(sweep, "bsi", ["svd", "basel"], 0.4)
+    wins = sweep.beats("bsi", ["svd", "basel"], 0.4)
+    assert [row[0] for row in rows] == wins and f"**{len(wins)}** of 6 problems" in text
+    assert headers == ["#", "question", "task's answer", "bsi answer", "svd answer", "basel answer"]
+    with pytest.raises(BSIError, match="at least one other method"):
+        answers.beats_view(sweep, "bsi", ["bsi"], 0.4)
+
+
+def test_a_sweep_without_answers_says_so(tiny_sweep, tmp_path):
+    from bsi.analysis.answers import read_sweep_answers
+
+    rows = [json.loads(line) for line in (tiny_sweep / "results.jsonl").read_text().splitlines()]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "outcomes"}) + "\n"
+                                                    for r in rows))
+    with pytest.raises(BSIError, match="no per-problem outcomes"):
+        read_sweep_answers(tmp_path)
+    with pytest.raises(BSIError, match="no sweep results"):
+        read_sweep_answers(tmp_path / "nothing")
