@@ -5,8 +5,10 @@ per-layer scores, ranks and outcomes, without the weights; layout in
 ``data/README.md``) and the study's sweep. :func:`read_saved_run` reads such
 a folder (or any ``bsi compress --out`` folder) into a :class:`SavedRun`:
 the summary, the rounds as :class:`~bsi.reports.RoundReport` objects when
-the folder holds their per-layer records (else their scalars only), and the
-loss of every step when it holds them. :meth:`SavedRun.fill` puts it into a
+the folder holds their per-layer records (``rounds-layers.jsonl.gz``; else
+their scalars only, ``rounds.jsonl``), and the loss of every step
+(``steps.jsonl``) when it holds them: what
+:meth:`bsi.pipeline.runner.Pipeline.save` writes. :meth:`SavedRun.fill` puts it into a
 visitor's :class:`~bsi.app.state.Session`, so the Compress tab's plots, the
 Inspect tab and the Answers tab show it as they would show a run just made.
 
@@ -30,10 +32,10 @@ OPENING_RUN = "tour"
 (``data/runs/tour``: what Start on the ``tour`` preset makes again); else :data:`bsi.shipped.FIRST_RUN`."""
 SPECTRUM = "spectrum"
 """A saved run's sub-folder holding ``bsi spectrum --out`` output (the Spectra tab's opening view)."""
-#: Files that may hold a run's per-layer round records (``RoundReport.to_dict()``, one round a line).
-LAYER_FILES = ("rounds-layers.jsonl.gz", "rounds-layers.jsonl", "layers.jsonl.gz", "layers.jsonl")
-#: Files that may hold a run's step losses (``{"stage", "step", "loss"}`` a line).
-STEP_FILES = ("steps.jsonl.gz", "steps.jsonl")
+ROUND_RECORDS = "rounds-layers.jsonl.gz"
+"""A run's per-layer round records (``RoundReport.to_dict()``, one round a line; :meth:`bsi.pipeline.runner.Pipeline.save`)."""
+STEPS = "steps.jsonl"
+"""A run's step losses (``{"stage", "step", "loss"}`` a line; :meth:`bsi.pipeline.runner.Pipeline.save`)."""
 INT_VECTORS = ("basis_ids", "pool", "pruned")
 
 
@@ -102,48 +104,6 @@ class SavedRun:
         session.log = [f"[saved] {self.headline()} (from `{self.folder}`)"]
 
 
-def _rounded(value: Any, digits: int = 4) -> Any:
-    """``value`` with every float to ``digits`` significant figures (what the dashboard shows), for a compact file."""
-    from bsi.app.format import significant
-
-    if isinstance(value, float):
-        return significant(value, digits)
-    if isinstance(value, list):
-        return [_rounded(v, digits) for v in value]
-    if isinstance(value, dict):
-        return {k: _rounded(v, digits) for k, v in value.items()}
-    return value
-
-
-def save_details(folder: str | Path, rounds: Any, steps: Any = (), layers: Any = None) -> list[Path]:
-    """Write a run's per-layer round records and step losses beside its ``summary.json`` (gzip, 4 significant figures).
-
-    What :func:`read_saved_run` reads back for the Compress plots and the
-    Inspect tab: ``rounds-layers.jsonl.gz`` (``RoundReport.to_dict()``, one
-    round a line) and ``steps.jsonl.gz`` (``stage``, ``loss`` of every step, in
-    order). ``layers`` (names) keeps only those layers' records, so that a
-    shipped run stays small (every basis of all 210 layers of the embedded
-    model is about a hundred thousand numbers per round). Returns the files written.
-    """
-    import dataclasses
-    import os
-
-    root = Path(folder)
-    if layers is not None:
-        keep = set(layers)
-        rounds = [dataclasses.replace(r, layers=tuple(layer for layer in r.layers if layer.name in keep)) for r in rounds]
-    written = []
-    for name, lines in (("rounds-layers.jsonl.gz", [_rounded(r.to_dict()) for r in rounds]),
-                        ("steps.jsonl.gz", [{"stage": stage, "loss": _rounded(float(loss))} for stage, _, loss in steps])):
-        if lines:
-            text = "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines)
-            partial = root / f".{name}.partial"  # then renamed: a reader never sees half a file
-            partial.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
-            os.replace(partial, root / name)
-            written.append(root / name)
-    return written
-
-
 def opening_view(saved: SavedRun | None, error: str | None = None) -> Any:
     """The Compress tab's view before any click: the saved run's plots and a status line saying what they are.
 
@@ -171,7 +131,7 @@ def opening_view(saved: SavedRun | None, error: str | None = None) -> Any:
 
 def has_details(folder: str | Path | None) -> bool:
     """Whether the run in ``folder`` keeps its per-layer round records (what the Inspect tab needs)."""
-    return folder is not None and any((Path(folder) / name).is_file() for name in LAYER_FILES)
+    return folder is not None and (Path(folder) / ROUND_RECORDS).is_file()
 
 
 def opening_folders() -> tuple[str, str, str]:
@@ -216,15 +176,14 @@ def read_saved_run(folder: str | Path) -> SavedRun:
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
         compact = _lines(root / "rounds.jsonl") if (root / "rounds.jsonl").is_file() else []
-        layer_file = next((root / name for name in LAYER_FILES if (root / name).is_file()), None)
-        rounds = [round_from_dict(r) for r in _lines(layer_file)] if layer_file else []
-        step_file = next((root / name for name in STEP_FILES if (root / name).is_file()), None)
-        steps = [(s["stage"], i, float(s["loss"])) for i, s in enumerate(_lines(step_file), start=1)] if step_file \
-            else []
+        records, step_file = root / ROUND_RECORDS, root / STEPS
+        rounds = [round_from_dict(r) for r in _lines(records)] if records.is_file() else []
+        steps = [(s["stage"], i, float(s["loss"])) for i, s in enumerate(_lines(step_file), start=1)] \
+            if step_file.is_file() else []
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise BSIError(f"the run in '{folder}' cannot be read ({err}); copy it again") from None
     return SavedRun(root, summary, compact, rounds, steps)
 
 
-__all__ = ["SavedRun", "read_saved_run", "opening_view", "save_details", "round_from_dict", "opening_folders",
+__all__ = ["SavedRun", "read_saved_run", "opening_view", "round_from_dict", "opening_folders",
            "has_details", "shipped_spectrum"]
