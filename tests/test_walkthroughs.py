@@ -202,6 +202,10 @@ def test_committed_walkthroughs_match_the_notebook_sources():
             f"{stem}: the rendered copy is older than notebooks/src/{stem}.py (run `make walkthroughs`)")
         entry = times["notebooks"][stem]
         assert all(entry[k] > 0 for k in ("not_cached_s", "cached_s", "tiny_s"))
+        assert entry["cached_s"] < entry["not_cached_s"] if entry["caches"] else entry["cached_s"] == entry["not_cached_s"]
+        if "cached_s_derived_from" in entry:  # run once: an earlier notebook measured what the same cache costs
+            measured = times["notebooks"][entry["cached_s_derived_from"]]
+            assert measured["cache_entries"] == entry["cache_entries"] and "cached_s_derived_from" not in measured
         assert build.runtime_line(stem, times) in markdown
         assert not NETWORK.findall(page)
         assert all((DOCS / image).is_file() for image in _images(markdown))
