@@ -75,6 +75,7 @@ lab: setup
 ## docs/walkthroughs/: offline HTML, Markdown with PNG figures, executed notebooks, times.json (~1 h on 2 cores);
 ## the notebooks and the README then open with the measured times. Tiny model: notebooks/render.py --model tiny-random-llama --out DIR
 walkthroughs: setup chromium
+	$(BIN)/python notebooks/build.py
 	$(BIN)/python notebooks/render.py
 	$(BIN)/python -m bsi.cli.docs
 
