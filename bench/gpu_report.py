@@ -105,6 +105,11 @@ def compress_table(result: dict, cpu: dict[str, dict]) -> str:
         lines.append(f"| `{run['preset']}` | {run['dtype']} | " + " | ".join(seconds(stages.get(s)) for s in STAGES)
                      + f" | {seconds(run.get('first_round_s'))} | {seconds(total)} | {seconds(cpu_total)} | {speed} | "
                        f"{'-' if peak is None else f'{peak:.1f}'} |")
+    for preset, ref in cpu.items():
+        config = ref["summary"].get("config", {})
+        extra = " and the equal-budget dense recovery (not in the GPU runs)" if config.get("dense_recovery") else ""
+        lines += ["", f"CPU total of `{preset}`: its summary.json's `seconds`, the whole run{extra}; whether its "
+                      "fine-tune came from the cache is not recorded there: compare the GPU's stages without it."]
     if result.get("not_run"):
         lines += ["", f"Not run (budget): {', '.join(result['not_run'])}."]
     return "\n".join(lines)
