@@ -162,7 +162,7 @@ def measure(stem: str, notebook: nbformat.NotebookNode, model: str, scratch: Pat
     ``cached_and_not`` (default: for the embedded model only) runs this
     protocol; the tiny run follows in every case.
     """
-    entry: dict[str, Any] = {"model": MODELS[model]}
+    entry: dict[str, Any] = {"model": MODELS[model], "load_before": round(os.getloadavg()[0], 2)}
     if model == "embedded" if cached_and_not is None else cached_and_not:
         cache = fresh_cache(scratch, with_embedded=True)
         executed, entry["not_cached_s"] = execute(notebook, model, cache, scratch)
@@ -200,6 +200,8 @@ HOW = {
                 "entries ('cache_entries', e.g. the same fine-tune), this notebook was run once: its cached time is "
                 "its not-cached time less what those entries cost there (that notebook's not-cached less cached time)",
     "tiny_s": "BSI_NOTEBOOK_MODEL=tiny-random-llama, a fresh kernel on a fresh cache (what CI runs)",
+    "load_before": "the machine's 1-minute load average as the notebook's first run started: above about 0.5, "
+                   "other work shared the cores and the times are longer than on a quiet machine",
 }
 
 
