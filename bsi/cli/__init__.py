@@ -1,4 +1,4 @@
-"""Command line: ``bsi compress | export | eval | chat | presets | sweep | compare | spectrum``.
+"""Command line: ``bsi compress | export | eval | chat | presets | sweep | compare | answers | spectrum``.
 
 The CLI is a thin consumer of the report generators: it turns
 :mod:`bsi.reports` objects into progress bars and a closing table. What can
@@ -48,6 +48,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "presets": ("bsi.cli.commands", "print the presets (or one, as a full JSON config)"),
     "sweep": ("bsi.cli.sweep", "compare methods (svd, svd-llm, fwsvd, asvd, basel, bsi-grad, bsi) across target sizes"),
     "compare": ("bsi.cli.compare", "generate from several models side by side for the same prompts"),
+    "answers": ("bsi.cli.answers", "read what a run's or a sweep's models answered, problem by problem, marked"),
     "spectrum": ("bsi.cli.spectrum", "measure per-layer Hessian spectra in sigma-space (power-law fit, JSON, HTML)"),
 }
 

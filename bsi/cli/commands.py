@@ -101,8 +101,14 @@ def interrupted_message(out_dir: Path, started: float, resumed: bool) -> str:
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    """A small plain-text table of a run's summary; on a text task, perplexity and its protocol instead of accuracy."""
+    """A small plain-text table of a run's summary; on a text task, perplexity and its protocol instead of accuracy.
+
+    A run made with ``--dense-recovery`` gets a middle column, the dense model
+    trained with the same recovery steps, and every run the paired 95%
+    intervals of the compressed model against each dense one (``paired``).
+    """
     before, after = summary.get("metrics_before") or {}, summary.get("metrics_after") or {}
+    same = summary.get("metrics_dense_recovered")
     perplexity = summary.get("perplexity")
 
     def pct(m: dict) -> str:
@@ -114,20 +120,32 @@ def summary_table(summary: dict[str, Any]) -> str:
     def ppl(m: dict) -> str:
         return f"{m['perplexity']:.3f}" if m and m.get("perplexity") is not None else "-"
 
-    metrics = [("perplexity", ppl(before), ppl(after)), ("mean next-token loss (nats)", loss(before), loss(after))] \
-        if perplexity else [("accuracy", pct(before), pct(after)), ("answer-token loss", loss(before), loss(after))]
-    rows = [
-        ("", "before", "after"),
-        ("parameters (whole model)", f"{summary['params_before']:,}", f"{summary['params_after']:,}"),
-        ("parameters (compressible layers)", f"{summary['compressible_params_before']:,}", f"{summary['compressible_params_after']:,}"),
-        *metrics,
-    ]
-    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    columns = [before, *([same] if same else []), after]
+    steps = (summary.get("config") or {}).get("recover", {}).get("steps")
+    heads = ["before", *([f"dense + {steps} steps"] if same else []), "after"]
+    metrics = [("perplexity", *map(ppl, columns)), ("mean next-token loss (nats)", *map(loss, columns))] \
+        if perplexity else [("accuracy", *map(pct, columns)), ("answer-token loss", *map(loss, columns))]
+    params = [f"{summary['params_before']:,}", *([f"{summary['params_before']:,}"] if same else []),
+              f"{summary['params_after']:,}"]
+    compressible = [f"{summary['compressible_params_before']:,}",
+                    *([f"{summary['compressible_params_before']:,}"] if same else []),
+                    f"{summary['compressible_params_after']:,}"]
+    rows = [("", *heads), ("parameters (whole model)", *params), ("parameters (compressible layers)", *compressible),
+            *metrics]
+    width = [max(len(r[i]) for r in rows) for i in range(len(heads) + 1)]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width))) for r in rows]
     lines.append(
         f"compression: {summary['compression_ratio']:.2f}x whole model, compressible layers at "
         f"{100 * summary['compressible_ratio']:.1f}% of their size; {summary['seconds']:.0f} s"
     )
+    for pair, label in (("recovered - finetuned", "after - before"),
+                        ("recovered - dense_recovered", f"after - dense + {steps} steps")):
+        entry = (summary.get("paired") or {}).get(pair)
+        if entry:
+            parts = [f"accuracy {100 * entry['accuracy']['estimate']:+.1f} points [{100 * entry['accuracy']['low']:+.1f}, "
+                     f"{100 * entry['accuracy']['high']:+.1f}]"] if "accuracy" in entry else []
+            parts.append(f"loss {entry['loss']['estimate']:+.4f} [{entry['loss']['low']:+.4f}, {entry['loss']['high']:+.4f}]")
+            lines.append(f"{label}: {', '.join(parts)} (paired 95% interval, {entry['loss']['samples']} problems)")
     protocol = (perplexity or {}).get("protocol")
     if protocol:
         lines.append(f"perplexity on {protocol['source']}: {protocol['description']}")

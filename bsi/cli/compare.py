@@ -1,4 +1,4 @@
-"""``bsi compare``: the command line of :mod:`bsi.analysis.compare`."""
+"""``bsi compare``: the command line of :mod:`bsi.analysis.compare` (a run folder brings its fine-tuned dense model as the reference)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,18 @@ from bsi.errors import BSIError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", required=True, help="comma-separated: model names, folders or bsi output folders")
-    p.add_argument("--prompts", required=True, help=".jsonl (question/prompt field) or text file, one prompt a line")
+    p.add_argument("--prompts", required=True, help=".jsonl (question/prompt field, optional answer: '... #### 42' or "
+                                                    "'42', marked right/wrong) or text file, one prompt a line")
+    p.add_argument("--reference", metavar="RUN", help="a run folder (bsi compress --out) whose fine-tuned dense model "
+                                                      "answers first as the reference (default: the first run folder "
+                                                      "among --models; none when there is none)")
     p.add_argument("--out", help="folder for compare.md and compare.json (default: print only)")
     add_model_flags(p, {"max_new_tokens": 64, "device": "auto", "dtype": "auto"},
                     helps={"max_new_tokens": "new-token budget of every answer"})
 
 
 def run(args: argparse.Namespace) -> int:
-    from bsi.analysis.compare import compare_models, comparison_markdown, read_prompts
+    from bsi.analysis.compare import compare_models, comparison_markdown, find_reference, read_marked_prompts
     from bsi.files import atomic_write_json, atomic_write_text, check_output_dir
     from bsi.models import check_model_spec
 
@@ -26,9 +30,11 @@ def run(args: argparse.Namespace) -> int:
         raise BSIError("--models must name at least one model")
     for spec in models:  # every folder checked before the first model loads
         check_model_spec(spec)
-    prompts = read_prompts(args.prompts)
+    prompts = read_marked_prompts(args.prompts)
+    reference = find_reference(models, args.reference)  # a run's fine-tuned model, checked in the cache, not loaded
     out = check_output_dir(args.out) if args.out else None
-    result = compare_models(models, prompts, max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype)
+    result = compare_models(models, prompts, max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
+                            reference=reference)
     table = comparison_markdown(result)
     if out is not None:
         atomic_write_json(out / "compare.json", result)

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC_FILES = ("docs/cli.md", "docs/architecture.md", "docs/benchmarks.md", "README.md")
+DOC_FILES = ("docs/cli.md", "docs/architecture.md", "docs/benchmarks.md", "README.md", "docs/results/study-quick.md")
 """The files with generated parts, relative to the repository root."""
 
 START = re.compile(r"^<!-- generated: (?P<what>[^()]+?) \(python -m bsi\.cli\.docs\) -->$", re.MULTILINE)
@@ -308,10 +308,18 @@ def defaults_table() -> str:
     return defaults_table_markdown("docs/")
 
 
+def shipped_tables(name: str) -> str:
+    """The tables of the sweep shipped in ``data/sweeps/<name>`` (its ``results.md``; see :mod:`bsi.shipped`)."""
+    from bsi.shipped import study_tables
+
+    return study_tables(name, ROOT / "data")
+
+
 # ------------------------------------------------------------------ filling the files
 GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": json_only, "presets": preset_table,
                                              "modules": module_map, "defaults": defaults_table,
-                                             "walkthroughs": walkthrough_list, "preset-costs": preset_cost_table}
+                                             "walkthroughs": walkthrough_list, "preset-costs": preset_cost_table,
+                                             "shipped": shipped_tables}
 
 
 def generate(what: str) -> str:

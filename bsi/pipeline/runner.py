@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gzip
 import hashlib
 import json
 import shlex
@@ -68,6 +69,7 @@ from bsi.pipeline.training import finetune
 Report = StageReport | StepReport | RoundReport | SizeReport | EvalReport | DoneReport
 
 CHECKPOINT = "checkpoint"  # sub-folder of out_dir holding the last complete round
+ROUND_RECORDS = "rounds-layers.jsonl.gz"  # every round's full per-layer record (RoundReport.to_dict(), one a line)
 DENSE_RECOVERY = "dense-recover"  # the stage training the dense model with the recovery's budget (dense_recovery)
 
 
@@ -258,6 +260,7 @@ class Pipeline:
         self.table: dict[str, dict] = {}
         self.notes: list[str] = []
         self.round_log: list[dict[str, Any]] = []  # compact_round of every finished round
+        self.step_log: list[dict[str, Any]] = []  # every step's stage, step and loss, as run() passes it on
         self.params_before = self.compressible_before = 0
         self._resume: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
         self._skipped = 0
@@ -676,7 +679,17 @@ class Pipeline:
 
     # ------------------------------------------------------------------ run
     def run(self) -> Iterator[Report]:
-        """All stages in order; ends with a DoneReport whose summary is ``summary.json``."""
+        """All stages in order; ends with a DoneReport whose summary is ``summary.json``.
+
+        Every step's loss is kept on the way (:attr:`step_log`, saved as
+        ``steps.jsonl``), so a saved run can redraw its training curves.
+        """
+        for report in self._stages():
+            if isinstance(report, StepReport):
+                self.step_log.append({"stage": report.stage, "step": report.step, "loss": report.loss})
+            yield report
+
+    def _stages(self) -> Iterator[Report]:
         start = time.perf_counter()
         torch.manual_seed(self.config.seed)
         yield from self.reference_stage()
@@ -739,7 +752,14 @@ class Pipeline:
                 if self.text is not None else None}
 
     def save(self, summary: dict[str, Any]) -> None:
-        """Write model, summary.json and rounds.jsonl into ``out_dir`` in one atomic swap.
+        """Write model, summary.json, rounds.jsonl and the records below into ``out_dir`` in one atomic swap.
+
+        Besides the model: ``rounds.jsonl`` (each round's scalars and ranks),
+        ``rounds-layers.jsonl.gz`` (each round's full record, every layer's
+        per-basis coefficients, gradients, curvatures, scores and cuts: what
+        the dashboard's Inspect tab reads back; one ``RoundReport.to_dict()``
+        a line, gzip-compressed, a few MB), ``steps.jsonl`` (every step's
+        loss) and ``outcomes.jsonl`` (:func:`outcome_lines`).
 
         Adds ``bytes_on_disk`` (size of the saved weights) and ``bytes_before``
         (the dense model's weights in the same dtype) to ``summary``. The
@@ -760,6 +780,10 @@ class Pipeline:
                 summary["bytes_on_disk"] = (tmp / WEIGHTS).stat().st_size  # the compressed weights file
                 summary["bytes_before"] = summary["params_before"] * torch.finfo(self.dtype).bits // 8  # dense, same dtype
                 atomic_write_text(tmp / "rounds.jsonl", "".join(json.dumps(r) + "\n" for r in self.round_log))
+                if self.rounds:  # this process's rounds (a resumed run has those after its checkpoint)
+                    with gzip.open(tmp / ROUND_RECORDS, "wt", encoding="utf-8") as handle:
+                        handle.writelines(json.dumps(r.to_dict()) + "\n" for r in self.rounds)
+                atomic_write_text(tmp / "steps.jsonl", "".join(json.dumps(s) + "\n" for s in self.step_log))
                 atomic_write_text(tmp / "outcomes.jsonl", outcome_lines(self.evaluations, self.task))
                 atomic_write_json(tmp / "summary.json", summary)
         except OSError as err:

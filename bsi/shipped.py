@@ -1,0 +1,170 @@
+"""The results that ship with bsi (``data/``): finished runs without weights and sweep folders, and how they get there.
+
+``data/`` at the top of the repository holds measured results with their
+raw data (layout: ``data/README.md``): ``data/runs/<name>/`` a finished
+``bsi compress`` run without its weights (``summary.json``,
+``rounds.jsonl``, ``outcomes.jsonl``) and ``data/sweeps/<name>/`` a
+``bsi sweep`` folder (rows, statistics, tables, every model's per-problem
+outcomes and each seed's test problems). Both are read as they are by
+``bsi answers``, ``bsi sweep --merge`` and the dashboard, which opens
+:data:`FIRST_RUN` and :data:`FIRST_SWEEP` on a first visit.
+
+:func:`ship_run` and :func:`ship_sweep` copy a finished folder here,
+checking first that it is complete and readable and leaving out what is
+large or local (weights, the sweep's ``figure.html``, its lock file); a
+sweep made before sweeps stored their test problems gets them rebuilt from
+its configuration (no model needed). :func:`study_tables` is the generated
+part of ``docs/results/`` (``python -m bsi.cli.docs``): a shipped sweep's
+tables, exactly as its ``results.md``, which the tests recompute from the
+shipped rows and outcomes.
+
+Command line::
+
+    python -m bsi.shipped run runs/default default --command "bsi compress --preset default --dense-recovery"
+    python -m bsi.shipped sweep runs/sq-s0 study-quick --command "bsi sweep --preset study-quick"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bsi.errors import BSIError
+from bsi.files import atomic_directory, atomic_write_json, atomic_write_text
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+"""The repository's ``data/`` folder (present in a checkout; an installed wheel has none)."""
+
+FIRST_RUN = "default"
+"""The shipped run the dashboard opens on a first visit (``data/runs/<FIRST_RUN>``)."""
+FIRST_SWEEP = "study-quick"
+"""The shipped sweep the Compare tab opens on a first visit (``data/sweeps/<FIRST_SWEEP>``)."""
+
+RUN_FILES = ("summary.json", "rounds.jsonl", "outcomes.jsonl")
+"""What a shipped run keeps of a ``bsi compress`` folder (no weights)."""
+SWEEP_FILES = ("sweep.json", "results.jsonl", "stats.json", "results.md")
+"""What a shipped sweep keeps besides its outcome files (not ``figure.html``: 4.7 MB of plotly, redrawn on demand)."""
+
+
+def shipped_run(name: str = FIRST_RUN, root: Path = DATA) -> Path | None:
+    """``data/runs/<name>`` when it holds a shipped run, else None."""
+    folder = root / "runs" / name
+    return folder if (folder / "summary.json").is_file() else None
+
+
+def shipped_sweep(name: str = FIRST_SWEEP, root: Path = DATA) -> Path | None:
+    """``data/sweeps/<name>`` when it holds a shipped sweep, else None."""
+    folder = root / "sweeps" / name
+    return folder if (folder / "results.jsonl").is_file() else None
+
+
+def _provenance(command: str, source: Path) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{command}\n# shipped from {source} on {stamp} by `python -m bsi.shipped`\n"
+
+
+def ship_run(source: str | Path, name: str, command: str, root: Path = DATA) -> Path:
+    """Copy the finished run in ``source`` to ``data/runs/<name>`` (replacing it), without its weights.
+
+    The run must be finished (``summary.json``) and its answers readable
+    (:func:`bsi.analysis.answers.read_run_answers`); ``command`` is what made
+    it, kept in ``command.txt``.
+
+    Raises:
+        BSIError: an unfinished or unreadable run, named with what is missing.
+    """
+    from bsi.analysis.answers import read_run_answers
+
+    source = Path(source).expanduser()
+    missing = [f for f in RUN_FILES if not (source / f).is_file()]
+    if missing:
+        raise BSIError(f"'{source}' is not a finished run (no {', '.join(missing)}): give the --out folder of a "
+                       "finished `bsi compress`")
+    read_run_answers(source)  # readable, with both models' answers
+    target = root / "runs" / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_directory(target) as tmp:
+        for f in RUN_FILES:
+            shutil.copyfile(source / f, tmp / f)
+        atomic_write_text(tmp / "command.txt", _provenance(command, source))
+    return target
+
+
+def ship_sweep(source: str | Path, name: str, command: str, root: Path = DATA) -> Path:
+    """Copy the sweep in ``source`` to ``data/sweeps/<name>`` (replacing it): rows, statistics, tables, outcomes.
+
+    Every row's outcome file must be readable and hold answers
+    (:class:`bsi.analysis.answers.SweepAnswers`); each seed's test problems
+    (``outcomes/problems-s<seed>.json``) are copied, or rebuilt from the
+    sweep's configuration where the sweep predates them. The sweep's lock
+    file and ``figure.html`` stay behind.
+
+    Raises:
+        BSIError: a folder that is not a finished sweep, or an unreadable outcome file.
+    """
+    from bsi.analysis.answers import PROBLEMS, SweepAnswers, rebuild_problems
+
+    source = Path(source).expanduser()
+    missing = [f for f in SWEEP_FILES if not (source / f).is_file()]
+    if missing:
+        raise BSIError(f"'{source}' is not a finished sweep (no {', '.join(missing)}): give the --out folder of a "
+                       "`bsi sweep` that has written its statistics")
+    answers = SweepAnswers(source)  # every outcome file is read below; this checks that they hold answers
+    rows = [json.loads(line) for line in (source / "results.jsonl").read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    config = json.loads((source / "sweep.json").read_text(encoding="utf-8"))["config"]
+    target = root / "sweeps" / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_directory(target) as tmp:
+        for f in SWEEP_FILES:
+            shutil.copyfile(source / f, tmp / f)
+        (tmp / "outcomes").mkdir()
+        for row in rows:
+            if row.get("outcomes"):
+                answers.columns(row)  # a one-line error if unreadable
+                shutil.copyfile(source / row["outcomes"], tmp / row["outcomes"])
+        for seed in sorted({int(row["seed"]) for row in rows}):
+            problems = Path("outcomes") / PROBLEMS.format(seed=seed)
+            if (source / problems).is_file():
+                shutil.copyfile(source / problems, tmp / problems)
+            else:
+                dense = next(r for r in rows if r["method"] == "dense" and int(r["seed"]) == seed)
+                count = len(answers.columns(dense)["correct"])  # the scored problems, the answered ones first
+                rebuilt = rebuild_problems(config, seed)
+                atomic_write_json(tmp / problems, {k: v[:count] for k, v in rebuilt.items()})
+        atomic_write_text(tmp / "command.txt", _provenance(command, source))
+    return target
+
+
+def study_tables(name: str = FIRST_SWEEP, root: Path = DATA) -> str:
+    """The generated part of ``docs/results/<name>.md``: the shipped sweep's tables (its ``results.md``)."""
+    folder = shipped_sweep(name, root)
+    if folder is None:
+        return f"(no shipped sweep data/sweeps/{name} yet)"
+    return (folder / "results.md").read_text(encoding="utf-8").strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bsi.shipped", description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=("run", "sweep"), help="a finished `bsi compress` run or a `bsi sweep` folder")
+    parser.add_argument("source", help="the folder to ship")
+    parser.add_argument("name", help="its name under data/runs/ or data/sweeps/")
+    parser.add_argument("--command", required=True, help="the command that made it (kept in command.txt)")
+    args = parser.parse_args(argv)
+    try:
+        ship = ship_run if args.kind == "run" else ship_sweep
+        target = ship(args.source, args.name, args.command)
+    except BSIError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
+    print(f"shipped {args.source} to {target} ({size / 1024:.0f} KiB)")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
