@@ -27,7 +27,8 @@ fi
 if [ -n "${DASHBOARD:-}" ]; then  # gradio 6 and the packages the GPU image lacks (its list: .library/device/KINDS.md)
   mkdir -p .gpu-c
   names="gradio gradio_client brotli fastapi groovy hf-gradio orjson pydantic pydantic_core annotated-types
-         typing-inspection pydub python-multipart safehttpx semantic-version starlette tomlkit uvicorn"
+         typing-inspection pydub python-multipart safehttpx semantic-version starlette tomlkit uvicorn pytz
+         opentelemetry-api"
   .venv/bin/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
       --platform any -d .gpu-c $(for n in $names; do echo "$n==$(version "$n")"; done) 2>&1 | grep -v "is ignored" || true
