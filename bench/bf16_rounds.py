@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in Pipeline(base, cache_dir=args.cache_dir).reference_stage():
         pass
     folder = cache_root(args.cache_dir) / "finetuned" / finetune_cache_key(base, torch.float32)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     runs, result = {}, {"kind": "bf16_rounds", "machine": machine(), "preset": args.preset,
                         "protocol": base.protocol, "fine_tuned": "float32, shared", "runs": {}, "layers": []}
     for dtype in DTYPES:
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             {"loss_before": r.loss_before, "loss_after": r.loss_after, "removed": r.removed, "mean_loss": r.mean_loss,
              "significant_gradients": None if math.isnan(r.significant_gradients) else r.significant_gradients}
             for r in reports]}
+        atomic_write_json(args.json, result)  # the first dtype's rounds stay if the second is cut short
     for number, (a, b) in enumerate(zip(runs["float32"], runs["bfloat16"]), start=1):
         layers = {x.name: compare_layer(x, y) for x, y in zip(a.layers, b.layers)}
         values = lambda key: [v[key] for v in layers.values() if v[key] is not None and not math.isnan(v[key])]  # noqa: E731
@@ -135,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
             summary[key] = {"median": sorted(got)[len(got) // 2], "min": min(got), "max": max(got)} if got else None
         result["layers"].append(summary | {"per_layer": layers})
         print({k: v for k, v in summary.items()}, flush=True)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.json, result)
     return 0
 
