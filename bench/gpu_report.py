@@ -118,6 +118,8 @@ def compress_table(result: dict, cpu: dict[str, dict]) -> str:
 def bf16_table(result: dict) -> str:
     device = result["machine"].get("gpu") or result["machine"].get("cpu")
     runs = result["runs"]
+    if set(runs) != {"float32", "bfloat16"}:
+        return f"bf16 against float32 (`{result['preset']}`, {device}): cut short, only {', '.join(runs) or 'nothing'} ran."
     lines = [f"bf16 against float32 on the same fine-tuned weights (`{result['preset']}`, protocol {result['protocol']}, "
              f"{device}; eps {runs['float32']['eps']:.3g} / {runs['bfloat16']['eps']:.3g}); per layer, median "
              "[min, max]:", "",
