@@ -31,6 +31,11 @@ and the compressed model with a hash of the questions, so that
 ``bench/gpu_report.py`` can pair them with the same preset's 2-core CPU run
 (``outcomes.jsonl`` of its run folder) and give paired intervals.
 
+``--profile PRESET:DTYPE`` runs that one once more after the timed runs,
+under ``torch.profiler`` (which slows it: its times are not the table's),
+and writes the operations that took the most device time (CPU time on a
+CPU) to ``<json>-profile.txt``: where to look when a stage misses its target.
+
 ``--budget`` bounds the whole script: a run that would start with less than
 ``--min-start`` seconds left is skipped, a run in progress is stopped
 between two reports once the budget is spent (its stages so far are kept,
@@ -195,6 +200,22 @@ def run_one(preset: str, dtype: str, device: str, out_dir: Path, deadline: float
     return record()
 
 
+def profile_run(preset: str, dtype: str, args, root: Path, deadline: float) -> dict:
+    """One more run of ``preset`` in ``dtype`` under torch.profiler; its costliest operations go to a text file."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = args.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        entry = run_one(preset, dtype, args.device, root / f"profile-{preset}-{dtype}", deadline, args.cache_dir,
+                        lambda e: None)
+    path = Path(args.json).with_name(Path(args.json).stem + "-profile.txt")
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    path.write_text(f"{entry['command']} under torch.profiler (complete: {entry['complete']}; stages {entry['stages']})"
+                    f"\n\n{prof.key_averages().table(sort_by=key, row_limit=40)}\n", encoding="utf-8")
+    return {"run": f"{preset}:{dtype}", "file": path.name, "complete": entry["complete"], "stages": entry["stages"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", default=DEFAULT_RUNS, help=f"comma-separated PRESET:DTYPE (default: {DEFAULT_RUNS})")
@@ -205,8 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs-dir", help="where the run folders go (default: a temporary folder, removed at the end)")
     p.add_argument("--cache-dir", help="bsi's cache (default: $BSI_CACHE or ~/.cache/bsi)")
     p.add_argument("--json", default="bench/gpu-compress.json", help="the result file (rewritten after every stage)")
+    p.add_argument("--profile", metavar="PRESET:DTYPE", help="after the timed runs, run this one under torch.profiler "
+                                                             "and write its costliest operations (default: none)")
     args = p.parse_args(argv)
     runs = parse_runs(args.runs)
+    profiled = parse_runs(args.profile)[0] if args.profile else None
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("bench/gpu_compress.py --device cuda needs a CUDA GPU; none is available here (--device cpu for a "
               "dry run)", file=sys.stderr)
@@ -235,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+        if profiled is not None and deadline - time.monotonic() >= args.min_start:
+            result["profile"] = profile_run(*profiled, args, root, deadline)
+            atomic_write_json(args.json, result)
     finally:
         if not args.runs_dir:
             shutil.rmtree(root, ignore_errors=True)

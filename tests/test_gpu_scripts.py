@@ -93,6 +93,17 @@ def test_compress_stops_at_its_budget_and_keeps_what_it_measured(isolated_cache,
     assert "Not run (budget): smoke:bfloat16." in report.compress_table(result, {})
 
 
+def test_compress_profiles_one_more_run_apart_from_the_timed_ones(isolated_cache, tmp_path):
+    script = load("bench/gpu_compress.py", "bench_gpu_compress")
+    out = tmp_path / "c.json"
+    assert script.main(["--runs", "smoke:float32", "--device", "cpu", "--profile", "smoke:float32",
+                        "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["runs"]) == 1 and result["profile"]["complete"]  # the profiled run is not a timed row
+    text = (tmp_path / result["profile"]["file"]).read_text()
+    assert "under torch.profiler" in text and "aten::mm" in text
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compress_on_cuda_in_bf16(isolated_cache, tmp_path):
