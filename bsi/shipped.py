@@ -27,6 +27,7 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import sys
@@ -46,6 +47,12 @@ FIRST_SWEEP = "study-quick"
 
 RUN_FILES = ("summary.json", "rounds.jsonl", "outcomes.jsonl")
 """What a shipped run keeps of a ``bsi compress`` folder (no weights)."""
+RUN_EXTRAS = ("steps.jsonl", "spectrum/spectrum.json")
+"""Kept too when the run has them: every step's loss, and a ``bsi spectrum --out spectrum`` result saved beside it."""
+ROUND_RECORDS = "rounds-layers.jsonl.gz"
+"""Every round's per-layer record (:data:`bsi.pipeline.runner.ROUND_RECORDS`), shipped with its floats rounded."""
+RECORD_DIGITS = 4
+"""Significant figures a shipped round record keeps (the Inspect tab shows four; 1.8 MB instead of 5.8 MB for ``tour``)."""
 SWEEP_FILES = ("sweep.json", "results.jsonl", "stats.json", "results.md")
 """What a shipped sweep keeps besides its outcome files (not ``figure.html``: 4.7 MB of plotly, redrawn on demand)."""
 
@@ -62,6 +69,17 @@ def shipped_sweep(name: str = FIRST_SWEEP, root: Path = DATA) -> Path | None:
     return folder if (folder / "results.jsonl").is_file() else None
 
 
+def rounded(value, digits: int = RECORD_DIGITS):
+    """``value`` (JSON data) with every float rounded to ``digits`` significant figures (ints, strings, None kept)."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    return value
+
+
 def _provenance(command: str, source: Path) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"{command}\n# shipped from {source} on {stamp} by `python -m bsi.shipped`\n"
@@ -69,6 +87,10 @@ def _provenance(command: str, source: Path) -> str:
 
 def ship_run(source: str | Path, name: str, command: str, root: Path = DATA) -> Path:
     """Copy the finished run in ``source`` to ``data/runs/<name>`` (replacing it), without its weights.
+
+    Kept: :data:`RUN_FILES`, the :data:`RUN_EXTRAS` it has, and its round
+    records with every float rounded to :data:`RECORD_DIGITS` significant
+    figures (what the Inspect tab shows).
 
     The run must be finished (``summary.json``) and its answers readable
     (:func:`bsi.analysis.answers.read_run_answers`); ``command`` is what made
@@ -88,8 +110,13 @@ def ship_run(source: str | Path, name: str, command: str, root: Path = DATA) -> 
     target = root / "runs" / name
     target.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(target) as tmp:
-        for f in RUN_FILES:
+        for f in (*RUN_FILES, *(f for f in RUN_EXTRAS if (source / f).is_file())):
+            (tmp / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source / f, tmp / f)
+        if (source / ROUND_RECORDS).is_file():
+            with gzip.open(source / ROUND_RECORDS, "rt", encoding="utf-8") as read, \
+                    gzip.open(tmp / ROUND_RECORDS, "wt", encoding="utf-8") as write:
+                write.writelines(json.dumps(rounded(json.loads(line))) + "\n" for line in read if line.strip())
         atomic_write_text(tmp / "command.txt", _provenance(command, source))
     return target
 

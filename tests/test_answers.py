@@ -194,8 +194,17 @@ def test_shipping_a_sweep_then_merging_a_seed_into_it(folders, tmp_path):
 def test_shipping_a_run_keeps_no_weights(folders, tmp_path):
     shipped = ship_run(folders / "same", "smoke", "bsi compress --preset smoke --dense-recovery", root=tmp_path)
     assert shipped_run("smoke", tmp_path) == shipped
-    assert sorted(p.name for p in shipped.iterdir()) == ["command.txt", "outcomes.jsonl", "rounds.jsonl",
-                                                         "summary.json"]
+    assert sorted(p.name for p in shipped.iterdir()) == ["command.txt", "outcomes.jsonl", "rounds-layers.jsonl.gz",
+                                                         "rounds.jsonl", "steps.jsonl", "summary.json"]
+    import gzip
+
+    with gzip.open(folders / "same" / "rounds-layers.jsonl.gz", "rt") as full, \
+            gzip.open(shipped / "rounds-layers.jsonl.gz", "rt") as short:
+        for a, b in zip(full, short):
+            a, b = json.loads(a), json.loads(b)
+            assert [x["name"] for x in a["layers"]] == [x["name"] for x in b["layers"]]
+            assert a["layers"][0]["basis_ids"] == b["layers"][0]["basis_ids"]  # integers stay exact
+            assert b["layers"][0]["sigma"] == pytest.approx(a["layers"][0]["sigma"], rel=1e-3)
     assert read_run_answers(shipped).counts() == read_run_answers(folders / "same").counts()
     with pytest.raises(BSIError, match="is not a finished run"):
         ship_run(tmp_path, "nothing", "-", root=tmp_path / "data")
@@ -296,3 +305,43 @@ def test_the_answers_module_needs_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
     assert answers.SWEEP_REFERENCE == __import__("bsi.analysis.study", fromlist=["REFERENCE"]).REFERENCE
+
+
+# ------------------------------------------------------------------ what data/ holds
+SHIPPED_SWEEPS = sorted(p.name for p in (ROOT / "data" / "sweeps").glob("*") if (p / "results.jsonl").is_file())
+SHIPPED_RUNS = sorted(p.name for p in (ROOT / "data" / "runs").glob("*") if (p / "summary.json").is_file())
+
+
+@pytest.mark.parametrize("name", SHIPPED_SWEEPS)
+def test_a_shipped_sweeps_tables_come_from_its_rows_and_outcomes(name, tmp_path):
+    """The statistics and tables shipped (and generated into docs/results/) are what the rows and outcomes give."""
+    from bsi.config import PipelineConfig, SweepConfig
+    from bsi.shipped import study_tables
+
+    shipped = ROOT / "data" / "sweeps" / name
+    copy = tmp_path / name
+    shutil.copytree(shipped, copy)
+    saved = json.loads((shipped / "sweep.json").read_text())
+    sweep = Sweep(PipelineConfig.from_dict(saved["config"]), SweepConfig.from_dict(saved["settings"]), copy)
+    sweep.write()  # statistics and tables again, from the shipped rows and outcome files
+    assert json.loads((copy / "stats.json").read_text()) == json.loads((shipped / "stats.json").read_text())
+    assert (copy / "results.md").read_text() == (shipped / "results.md").read_text()
+    assert study_tables(name) == (shipped / "results.md").read_text().strip()
+    answers = SweepAnswers(shipped)
+    for seed in answers.seeds:  # every seed's problems, every row's answers
+        problem = answers.problem(answers.problem_count(seed) - 1, seed)
+        assert problem.question and problem.reference_answer and len(problem.answers) == sum(
+            r["seed"] == seed and bool(r.get("outcomes")) for r in answers.rows)
+
+
+@pytest.mark.parametrize("name", SHIPPED_RUNS)
+def test_a_shipped_run_reads_back_as_its_summary_says(name):
+    folder = ROOT / "data" / "runs" / name
+    summary = json.loads((folder / "summary.json").read_text())
+    run = read_run_answers(folder)
+    dense, compressed = run.accuracy()
+    assert dense == pytest.approx(summary["metrics_before"]["accuracy"])
+    assert compressed == pytest.approx(summary["metrics_after"]["accuracy"])
+    counts = run.counts()
+    assert counts["gained"] - counts["lost"] == round((compressed - dense) * len(run.rows))
+    assert not list(folder.glob("*.safetensors"))  # no weights ship
