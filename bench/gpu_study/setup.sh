@@ -5,6 +5,7 @@
 set -u
 M=/tmp/bsi-model; P=/tmp/bsi-py
 mkdir -p $M $P && cp -r .gpu-a/. $M/ || exit 3
+if [ -f $M/study.tgz ]; then rm -rf $M/study && mkdir -p $M/study && tar xzf $M/study.tgz -C $M/study || exit 3; fi
 for pkg in gguf narwhals plotly; do
   python -c "import $pkg" 2>/dev/null && echo "$pkg: on the image" && continue
   pip install -q --no-deps --no-index --target $P $M/$pkg-*.whl 2>&1 | grep -v "is ignored" | tail -2
