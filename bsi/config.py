@@ -556,16 +556,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     # fine-tune cached (docs/benchmarks.md). The dataclasses' own defaults, so that the Python API
     # (PipelineConfig()) and `bsi compress` run the same job. Change a default above, not here.
     "default": {},
-    # The first look, about 90 seconds on 2 cores with the fine-tune cached (PRESET_COSTS): the embedded presets'
-    # fine-tune (the same cache, so only the compression runs), then 2 rounds of 4 iterations to 70% of the linear
-    # layers, 8 recovery steps and 20 test problems in one batch. Budget from the `default` run's stage times
-    # (docs/benchmarks.md, 2 cores): whitening about 22 s (its SVDs are most of it), 8 iterations about 26 s,
-    # 8 recovery steps about 18 s, two evaluations of 20 problems about 13 s, loading and saving about 13 s.
+    # The first look, about 90 seconds to 2 minutes on 2 cores with the fine-tune cached (PRESET_COSTS): the embedded
+    # presets' fine-tune (the same cache, so only the compression runs), then 2 rounds of 6 iterations to 70% of the
+    # linear layers, 8 recovery steps and 20 test problems. Budget from the `default` run's stage times
+    # (docs/benchmarks.md, 2 cores): whitening about 22 s (its SVDs are most of it), 12 iterations about 40 s, 8
+    # recovery steps about 18 s, two evaluations of 20 problems about 15 s, loading and saving about 13 s. On one H200
+    # it gave 80% -> 70% on its 20 problems at 1.31x (data/runs/tour).
     "tour": {
         **_EMBEDDED_CPU,
         "eval_examples": 20,
-        "eval_batch_size": 20,
-        "compress": {"rounds": 2, "iters_per_epoch": 8, "sampling_ratio": 0.25, "target_ratio": 0.7,
+        "compress": {"rounds": 2, "iters_per_epoch": 12, "sampling_ratio": 0.25, "target_ratio": 0.7,
                      "calibration_batches": 4},
         "recover": {"steps": 8, "lr": 2e-5, "warmup_steps": 1},
     },
@@ -674,7 +674,7 @@ PRESET_COSTS: dict[str, PresetCost] = {
                         "everything: a tiny random model for tests, its answers are noise"),
     "tour": PresetCost("bsi compress", None, None, None,
                        "accuracy you can trust and size: 20 test problems (a paired interval some 20 points wide), "
-                       "2 pruning rounds of 4 iterations and 8 recovery steps, a mild 70% of the linear layers (1.31x)"),
+                       "2 pruning rounds of 6 iterations and 8 recovery steps, a mild 70% of the linear layers (1.31x)"),
     "default": PresetCost("bsi compress", 710, 891, "2026-11-25",
                           "nothing measured here: the best trade found on 2 cores (1.82x at 92% against 84%)",
                           "docs/log.md#the-default-as-the-best-trade-2026-11-25"),
