@@ -52,8 +52,9 @@ def seconds(value) -> str:
 def cpu_reference(folder: str | Path) -> dict:
     """A CPU run folder's compressed-model outcomes, the hash of its questions, and its metrics."""
     folder = Path(folder)
-    try:
-        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    try:  # summary.json gives the CPU's wall time; without it the table has the outcomes alone
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8")) \
+            if (folder / "summary.json").is_file() else {}
         lines = [json.loads(line) for line in (folder / "outcomes.jsonl").read_text(encoding="utf-8").splitlines()
                  if line.strip()]
     except (OSError, ValueError) as err:
