@@ -139,13 +139,14 @@ def opening_folders() -> tuple[str, str, str]:
 
     From :mod:`bsi.shipped` (``data/``; empty strings where this checkout has
     none, e.g. an installed bsi): the Answers view opens on
-    :data:`~bsi.shipped.FIRST_RUN`, the plots on :data:`OPENING_RUN` when it
-    keeps per-layer records, else on the same run.
+    :data:`~bsi.shipped.FIRST_RUN` (else on the plots' run), the plots on
+    :data:`OPENING_RUN` when it keeps per-layer records, else on the same run.
     """
     from bsi.shipped import shipped_run, shipped_sweep
 
-    answers_run = shipped_run()
-    plots_run = shipped_run(OPENING_RUN) if has_details(shipped_run(OPENING_RUN)) else answers_run
+    first = shipped_run()
+    plots_run = shipped_run(OPENING_RUN) if has_details(shipped_run(OPENING_RUN)) else first
+    answers_run = first or plots_run
     sweep = shipped_sweep()
     return str(plots_run or ""), str(answers_run or ""), str(sweep or "")
 
@@ -158,9 +159,11 @@ def shipped_spectrum(run_dir: str | None) -> Any:
     if folder is None or not (folder / "spectrum.json").is_file():
         return None
     try:
-        return load_spectrum(folder)
+        result = load_spectrum(folder)
     except BSIError:
         return None
+    result.meta["model"] = f"the fine-tuned model of the run in {Path(run_dir).name}"  # not the path it was measured at
+    return result
 
 
 def read_saved_run(folder: str | Path) -> SavedRun:

@@ -176,7 +176,7 @@ def render(session_state, form_components, visitors=None, opening=None):
     said = ""
     if shown is not None:
         source = opening.meta.get("model", "")
-        said = (f"Saved spectra{f' of `{source}`' if source else ''}, {len(opening.layers)} layers: "
+        said = (f"Saved spectra{f' of {source}' if source else ''}, {len(opening.layers)} layers: "
                 f"{spectrum_text(opening, shown)}. List the layers and compute one to measure "
                 "your own.")
     status = gr.Markdown(said, elem_id="spectra-status")
