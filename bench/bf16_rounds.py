@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bench/bf16_rounds.py --device cuda needs a CUDA GPU; none is available here (--device cpu runs bf16 "
               "on the CPU)", file=sys.stderr)
         return 2
-    given = {"device": args.device, "dtype": "float32", **({"protocol": args.protocol} if args.protocol else {})}
+    given = {"device": args.device, "dtype": "float32", "eval_examples": 0, "eval_loss_examples": 0,
+             **({"protocol": args.protocol} if args.protocol else {})}  # nothing evaluated: the rounds are compared
     base = make_config(args.preset, given)
     # stage 1 once, in float32 (cached): both runs then start from this folder, in their own dtype
     for _ in Pipeline(base, cache_dir=args.cache_dir).reference_stage():
@@ -119,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     runs, result = {}, {"kind": "bf16_rounds", "machine": machine(), "preset": args.preset,
                         "protocol": base.protocol, "fine_tuned": "float32, shared", "runs": {}, "layers": []}
     for dtype in DTYPES:
-        config = make_config(args.preset, given | {"dtype": dtype, "model": str(folder), "skip_finetune": True,
-                                                  "eval_examples": 0, "eval_loss_examples": 0})
+        config = make_config(args.preset, given | {"dtype": dtype, "model": str(folder), "skip_finetune": True})
         reports, times, info = rounds_in(config, args.cache_dir, args.rounds)
         runs[dtype] = reports
         result["runs"][dtype] = info | {"round_seconds": times, "rounds": [
