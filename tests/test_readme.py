@@ -168,6 +168,7 @@ def test_the_commands_block_runs_as_shown_on_the_tiny_model(tmp_path, monkeypatc
     compared = next(text for argv, text in ran if argv[1] == "compare")
     models = next(argv[argv.index("--models") + 1] for argv, _ in ran if argv[1] == "compare").split(",")
     assert all(model in compared for model in models), "the comparison names each model it compares"
+    assert "fine-tuned dense model" in compared.splitlines()[0], "a run is compared with the model it compressed"
     prompts = [json.loads(line) for line in (tmp_path / "examples" / "prompts.jsonl").read_text().splitlines() if line]
     assert all(next(iter(p.values()))[:30] in compared for p in prompts), "every prompt is answered"
 
