@@ -42,7 +42,7 @@ from bsi.method.curvature import LossFn, evaluation_mode, profile_batch, shifted
 from bsi.method.layers import BasisLinear, LowRankLinear, stored_cost
 from bsi.method.names import layer_block as block_index  # the notebooks' name for it
 from bsi.method.names import layer_kind
-from bsi.method.surgery import Bases, tied_output_names
+from bsi.method.surgery import Bases, factor_linear_names, tied_output_names
 from bsi.models import EMBEDDED_MODEL, TINY_MODEL
 from bsi.reports import RoundReport
 
@@ -146,7 +146,7 @@ def rank_table(model: nn.Module) -> list[dict[str, Any]]:
     (:class:`~bsi.method.layers.LowRankLinear`: its two factors). A tied
     output layer is left out, as the engine leaves it alone.
     """
-    tied = tied_output_names(model)
+    tied = tied_output_names(model) | factor_linear_names(model)  # a low-rank layer is one row, not three
     rows = []
     for name, module in model.named_modules():
         if name in tied or not isinstance(module, (nn.Linear, BasisLinear, LowRankLinear)):

@@ -170,7 +170,7 @@ def test_compressed_folder_with_mismatched_shapes(tmp_path, capsys, monkeypatch)
     out = tmp_path / "m"
     assert main(["compress", *SMOKE, "--target-ratio", "0.5", "--eval-examples", "0", "--out", str(out)]) == 0
     state = load_file(str(out / "model.safetensors"))
-    name = next(n for n in state if n.endswith(".B"))
+    name = next(n for n in state if n.endswith(".down.weight"))
     state[name] = state[name][:-1].contiguous()
     save_file(state, str(out / "model.safetensors"))
     assert main(["eval", "--model", str(out), "--examples", "2"]) == 2

@@ -307,12 +307,27 @@ class SigmaGradientRecorder:
         return self.sums.get(id(layer), torch.zeros_like(layer.sigma.detach()))
 
 
+def _zero_linear(in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+                 device: torch.device | str | None) -> nn.Linear:
+    """An ``nn.Linear`` filled with zeros, built without drawing its random initialisation (the RNG stays as it was)."""
+    linear = nn.Linear(in_features, out_features, bias=bias, dtype=dtype, device="meta")
+    linear.to_empty(device=torch.get_default_device() if device is None else device)
+    with torch.no_grad():
+        for p in linear.parameters():
+            p.zero_()
+    return linear
+
+
 class LowRankLinear(FactoredLinear):
-    """The exported form of a compressed layer: ``y = (x B^T) A^T + b``.
+    """The exported form of a compressed layer: two linear layers in a row, ``y = (x B^T) A^T + b``.
 
     ``A`` is (out, k) and ``B`` is (k, in); it is what a `BasisLinear` becomes
     on export (``A = [U diag(sigma), U_aux]``, ``B = [V, V_aux]^T``), a plain
-    two-matmul layer whose factors can be fine-tuned directly.
+    two-matmul layer whose factors can be fine-tuned directly. The factors
+    live in two ordinary ``nn.Linear`` modules, ``down`` (in -> k, holding
+    ``B``) and ``up`` (k -> out, holding ``A`` and the bias), so tools that act
+    on linear layers (weight-only quantizers, PEFT's LoRA) see them; ``A``,
+    ``B`` and ``bias`` name their tensors.
     """
 
     STORAGE = "A"
@@ -322,9 +337,24 @@ class LowRankLinear(FactoredLinear):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.A = nn.Parameter(torch.zeros(out_features, rank, dtype=dtype, device=device))
-        self.B = nn.Parameter(torch.zeros(rank, in_features, dtype=dtype, device=device))
-        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device)) if bias else None
+        # registered before `down`: the parameters come in the order A, (bias), B, as before the two modules
+        self.up = _zero_linear(rank, out_features, bias, dtype, device)
+        self.down = _zero_linear(in_features, rank, False, dtype, device)
+
+    @property
+    def A(self) -> nn.Parameter:
+        """The left factor, (out, k): ``up``'s weight."""
+        return self.up.weight
+
+    @property
+    def B(self) -> nn.Parameter:
+        """The right factor, (k, in): ``down``'s weight."""
+        return self.down.weight
+
+    @property
+    def bias(self) -> nn.Parameter | None:  # type: ignore[override]
+        """The layer's bias, (out,) or None: ``up``'s bias."""
+        return self.up.bias
 
     @classmethod
     def from_basis(cls, layer: BasisLinear) -> "LowRankLinear":
@@ -345,8 +375,8 @@ class LowRankLinear(FactoredLinear):
         return self.A.shape[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: (..., in) -> (..., k) -> (..., out)
-        return F.linear(F.linear(x, self.B), self.A, self.bias)
+        # x: (..., in) -> (..., k) -> (..., out); the same F.linear calls as a two-factor layer
+        return self.up(self.down(x))
 
     def dense_weight(self) -> torch.Tensor:
         """``A B``, (out, in), fp32."""

@@ -54,10 +54,16 @@ def tied_output_names(model: nn.Module) -> set[str]:
     }
 
 
+def factor_linear_names(model: nn.Module) -> set[str]:
+    """Names of the ``nn.Linear`` modules that are the two factors (``down``, ``up``) of a `LowRankLinear`."""
+    return {f"{name}.{part}" for name, m in model.named_modules() if isinstance(m, LowRankLinear)
+            for part in ("down", "up")}
+
+
 def compressible_linear_names(model: nn.Module) -> list[str]:
-    """Names of the ``nn.Linear`` layers to re-parameterise, in module order."""
-    tied = tied_output_names(model)
-    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in tied]
+    """Names of the ``nn.Linear`` layers to re-parameterise, in module order (factors of a low-rank layer aside)."""
+    skip = tied_output_names(model) | factor_linear_names(model)
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in skip]
 
 
 def basis_layers(model: nn.Module) -> dict[str, BasisLinear]:
@@ -212,10 +218,10 @@ def compressible_parameters(model: nn.Module) -> tuple[int, int]:
             sum(layer.stored_parameters() for layer in basis.values()),
             sum(layer.dense_parameters() for layer in basis.values()),
         )
-    tied = tied_output_names(model)
+    skip = tied_output_names(model) | factor_linear_names(model)
     now = dense = 0
     for name, m in model.named_modules():
-        if name in tied:
+        if name in skip:
             continue
         bias = m.out_features if getattr(m, "bias", None) is not None else 0
         if isinstance(m, LowRankLinear):

@@ -5,7 +5,11 @@ On disk a compressed model is a folder with
 * ``model.safetensors`` — every tensor (tied weights stored once); never pickle;
 * ``config.json`` — model type ``bsi_compressed``: the original transformers
   config (``base_config``) and which layers became two-factor
-  ``LowRankLinear`` modules, with their rank (``bsi_layers``);
+  ``LowRankLinear`` modules, with their rank (``bsi_layers``); such a layer
+  holds two ``nn.Linear`` modules, ``down`` and ``up``, so its tensors are
+  ``<layer>.down.weight`` (k, in), ``<layer>.up.weight`` (out, k) and
+  ``<layer>.up.bias`` (folders of format 2 named them ``A``, ``B``, ``bias``:
+  they load too);
 * ``modeling_bsi.py`` — the code that lets plain transformers load the folder
   (:mod:`bsi.pipeline.modeling_bsi`, copied verbatim; it needs no bsi);
 * tokenizer files and ``generation_config.json``;
@@ -49,7 +53,8 @@ from bsi.pipeline import modeling_bsi
 from bsi.pipeline.modeling_bsi import MODEL_TYPE, MODULE_FILE, WEIGHTS, CompressedFolderError
 
 FORMAT = "bsi-compressed"
-FORMAT_VERSION = 2  # 1: config.json was the original config, the layer table lived in bsi_config.json
+FORMAT_VERSION = 3  # 1: config.json was the original config, the layer table lived in bsi_config.json;
+# 2: a low-rank layer's tensors were L.A, L.B, L.bias (now L.up.weight, L.down.weight, L.up.bias; both load)
 META = "bsi_config.json"
 DENSE_META = "bsi_export.json"
 
@@ -68,20 +73,22 @@ def _deduplicated_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def write_model_files(
-    model: nn.Module, tokenizer: Any, folder: Path, meta: dict[str, Any], table: dict[str, dict] | None = None
+    model: nn.Module, tokenizer: Any, folder: Path, meta: dict[str, Any], table: dict[str, dict] | None = None,
+    quantization: dict[str, Any] | None = None,
 ) -> dict[str, dict]:
     """Export ``model`` into an existing ``folder``; returns the layer table (``bsi_layers`` of ``config.json``).
 
     `BasisLinear` layers are converted in place first. A model converted
     earlier (by :func:`bsi.method.surgery.to_exported_form`) must come with that
-    call's ``table``.
+    call's ``table``. ``quantization``: how its weights were quantized
+    (:mod:`bsi.pipeline.quantize`), written into ``config.json``.
     """
     if basis_layers(model):
         table = to_exported_form(model)
     elif table is None:
         raise ValueError("model has no BasisLinear layers left: pass the table from to_exported_form")
     save_file(_deduplicated_state(model), str(folder / WEIGHTS), metadata={"format": "pt"})
-    atomic_write_json(folder / "config.json", modeling_bsi.compressed_config(model.config, table))
+    atomic_write_json(folder / "config.json", modeling_bsi.compressed_config(model.config, table, quantization))
     atomic_write_text(folder / MODULE_FILE, Path(modeling_bsi.__file__).read_text(encoding="utf-8"))
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(folder)
@@ -126,8 +133,8 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return meta
 
 
-def _architecture(path: Path, meta: dict[str, Any]) -> tuple[Any, dict[str, dict]]:
-    """The original model's config and the layer table of a compressed folder (either format version)."""
+def _architecture(path: Path, meta: dict[str, Any]) -> tuple[Any, dict[str, dict], dict[str, Any] | None]:
+    """The original model's config, the layer table and the quantization (None if none) of a folder (any version)."""
     file = path / "config.json"
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
@@ -139,7 +146,7 @@ def _architecture(path: Path, meta: dict[str, Any]) -> tuple[Any, dict[str, dict
         model_type, base, layers = config.get("model_type"), config, meta.get("layers")
     if not isinstance(base, dict) or not isinstance(layers, dict):
         raise BSIError(f"'{file}' lacks the original config or the layer table; re-export the model")
-    return modeling_bsi.base_config(model_type, base), layers
+    return modeling_bsi.base_config(model_type, base), layers, config.get("bsi_quantization")
 
 
 def load_compressed(
@@ -165,9 +172,15 @@ def load_compressed(
     if not weights.is_file():
         raise BSIError(f"'{path}' has no {WEIGHTS}; the folder is incomplete, re-export the model")
     try:
-        base, layers = _architecture(path, meta)  # inside: an unknown original model type is a CompressedFolderError
+        base, layers, quantization = _architecture(path, meta)  # an unknown model type is a CompressedFolderError
         model = modeling_bsi.build_model(base, layers, layer_class=LowRankLinear)
-        modeling_bsi.load_weights(model, modeling_bsi.read_weights(str(weights)))
+        state = modeling_bsi.current_names(modeling_bsi.read_weights(str(weights)), layers)
+        if quantization:
+            if dtype is not None:
+                raise BSIError(f"'{path}' holds int8 weights: load it in its stored dtype (--dtype auto)")
+            modeling_bsi.load_quantized_weights(model, state, quantization, torch.device(device))
+        else:
+            modeling_bsi.load_weights(model, state)
     except CompressedFolderError as err:
         raise BSIError(f"'{path}': {err}") from None
     if (path / "generation_config.json").is_file():

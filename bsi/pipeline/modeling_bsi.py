@@ -10,9 +10,9 @@ gives the same model, with the same logits, as ``bsi.load_compressed(folder)``.
 It needs torch, transformers and safetensors only.
 
 Why ``trust_remote_code=True``: a compressed model is not the original
-architecture with its usual weights. Some linear layers became two factors
-``A`` (out, k) and ``B`` (k, in), and transformers' own classes have no place
-for them. ``config.json`` therefore names the model type ``bsi_compressed``,
+architecture with its usual weights. Some linear layers became two smaller
+linear layers in a row, ``down`` (in -> k) and ``up`` (k -> out), and
+transformers' own classes have no place for them. ``config.json`` therefore names the model type ``bsi_compressed``,
 which transformers does not know: loading without this file fails with an
 error instead of building the original architecture and filling every
 compressed layer with random weights. The folder's ``config.json`` holds
@@ -38,6 +38,26 @@ What comes back is an instance of the original architecture's class (for
 example ``LlamaForCausalLM``) in eval mode: ``forward`` and ``generate`` work
 as usual. Saving it again with ``save_pretrained`` does not write a loadable
 folder; to get an ordinary dense checkpoint use ``bsi export --dense``.
+
+Every compressed layer holds two ordinary ``nn.Linear`` modules, so tools
+that act on linear layers see them: weight-only quantizers (torchao,
+optimum-quanto) quantize both factors, and PEFT's LoRA can target them (the
+module names end in ``.down`` and ``.up``, e.g. ``target_modules=["up",
+"down"]``, or ``"all-linear"``). Folders written before this layout (their
+tensors named ``<layer>.A``, ``<layer>.B`` and ``<layer>.bias``) load the
+same way: the names are mapped on reading (:func:`current_names`).
+
+The model loads onto one device. ``device_map`` may name it (``"cpu"``,
+``"cuda:0"``, ``{"": "cuda:0"}``, a map whose every entry is the same
+device) or be ``"auto"`` (the first GPU, else the CPU); the options that only
+matter when a model is spread over devices (``max_memory``,
+``offload_folder``, ``offload_state_dict``, ``offload_buffers``) have nothing
+to do and are accepted, so lm-evaluation-harness's ``hf`` model loads the
+folder with its defaults and with ``parallelize=True``. Options that would
+load it wrong are refused with a sentence saying what to do instead: a map
+over several devices or onto disk, and quantizing while loading
+(``quantization_config``, ``load_in_8bit``, ``load_in_4bit``: quantize the
+loaded model, see ``bsi export --quantize``).
 """
 
 from __future__ import annotations
@@ -70,6 +90,10 @@ AUTO_MAP = {
 _HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "proxies", "revision", "subfolder", "token")
 #: keyword arguments transformers' auto classes pass along that do not concern this loader
 _IGNORED_KWARGS = ("trust_remote_code", "adapter_kwargs", "code_revision", "use_safetensors", "low_cpu_mem_usage")
+#: loading options for a model spread over devices or offloaded: nothing to do for a model on one device
+_ONE_DEVICE_KWARGS = ("max_memory", "offload_folder", "offload_state_dict", "offload_buffers")
+#: quantizing while loading: this loader would silently skip it, so it is refused
+_QUANTIZE_KWARGS = ("quantization_config", "load_in_8bit", "load_in_4bit")
 
 
 class CompressedFolderError(ValueError):
@@ -77,25 +101,42 @@ class CompressedFolderError(ValueError):
 
 
 class LowRankLinear(nn.Module):
-    """A compressed layer: ``y = (x B^T) A^T + b``, ``A`` (out, k), ``B`` (k, in).
+    """A compressed layer: two linear layers in a row, ``y = up(down(x)) = (x B^T) A^T + b``.
 
-    The same tensors, names and arithmetic as bsi's own ``LowRankLinear``
-    (``bsi.method.layers``), which bsi uses when it loads a folder itself.
+    ``down`` is an ``nn.Linear`` (in -> k, no bias) holding ``B`` (k, in);
+    ``up`` is an ``nn.Linear`` (k -> out, with the layer's bias) holding
+    ``A`` (out, k). The same modules, tensor names and arithmetic as bsi's own
+    ``LowRankLinear`` (``bsi.method.layers``), which bsi uses when it loads a
+    folder itself.
     """
 
     def __init__(self, in_features: int, out_features: int, rank: int, bias: bool) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.A = nn.Parameter(torch.empty(out_features, rank))
-        self.B = nn.Parameter(torch.empty(rank, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.up = nn.Linear(rank, out_features, bias=bias)  # registered first: parameters in the order A, (bias), B
+        self.down = nn.Linear(in_features, rank, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (..., in) -> (..., k) -> (..., out)
-        return nn.functional.linear(nn.functional.linear(x, self.B), self.A, self.bias)
+        return self.up(self.down(x))
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.A.shape[1]}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.down.out_features}"
+
+
+def current_names(state: Mapping[str, torch.Tensor], layers: Mapping[str, Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+    """``state`` with an older folder's low-rank tensor names mapped to the two-linear layout; others unchanged.
+
+    Before the factors became ``nn.Linear`` modules a low-rank layer ``L``
+    stored ``L.A`` (out, k), ``L.B`` (k, in) and ``L.bias``; they are now
+    ``L.up.weight``, ``L.down.weight`` and ``L.up.bias``, the same tensors.
+    """
+    renamed: dict[str, str] = {}
+    for name, spec in layers.items():
+        if spec.get("kind") == "lowrank":
+            renamed |= {f"{name}.A": f"{name}.up.weight", f"{name}.B": f"{name}.down.weight",
+                        f"{name}.bias": f"{name}.up.bias"}
+    return {renamed.get(key, key): tensor for key, tensor in state.items()}
 
 
 class BSICompressedConfig(PretrainedConfig):
@@ -104,10 +145,16 @@ class BSICompressedConfig(PretrainedConfig):
     model_type = MODEL_TYPE
 
 
-def compressed_config(base: PretrainedConfig, layers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The ``config.json`` content of a compressed folder for a model with config ``base`` and layer table ``layers``."""
+def compressed_config(base: PretrainedConfig, layers: Mapping[str, Mapping[str, Any]],
+                      quantization: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``config.json`` content of a folder for a model with config ``base``, layer table ``layers``.
+
+    ``quantization`` (``bsi_quantization``): how the weights were quantized,
+    for a folder written by ``bsi export --quantize``.
+    """
     values = json.loads(base.to_json_string(use_diff=False))
     return {
+        **({"bsi_quantization": dict(quantization)} if quantization else {}),
         "model_type": MODEL_TYPE,
         "architectures": ["BSICompressedForCausalLM"],
         "auto_map": dict(AUTO_MAP),
@@ -207,6 +254,41 @@ def load_weights(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
             f"{WEIGHTS} lacks tensor '{missing[0]}' (and {len(missing) - 1} more); re-export the model")
 
 
+def load_quantized_weights(model: nn.Module, state: Mapping[str, torch.Tensor], quantization: Mapping[str, Any],
+                           device: torch.device) -> None:
+    """Fill a model from :func:`build_model` with the weights of a quantized folder (``bsi export --quantize``).
+
+    ``quantization`` is ``config.json``'s ``bsi_quantization``: the library
+    (optimum-quanto), its scheme and its map of quantized modules. The
+    modules it names are replaced by the library's quantized ones, then every
+    tensor is loaded and the output layer tied again.
+
+    Raises:
+        CompressedFolderError: the library is missing, or a tensor is missing
+            or does not fit.
+    """
+    if quantization.get("library") != "optimum-quanto":
+        raise CompressedFolderError(f"config.json names the quantization library {quantization.get('library')!r}, "
+                                    "which this loader does not know; upgrade bsi")
+    try:
+        from optimum.quanto import requantize
+    except ImportError:
+        raise CompressedFolderError("the folder holds int8 weights quantized with optimum-quanto, which is not "
+                                    "installed: pip install optimum-quanto") from None
+    try:
+        requantize(model, dict(state), dict(quantization["map"]), device=device)
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise CompressedFolderError(f"{WEIGHTS} does not fit the quantized model of config.json "
+                                    f"({' '.join(str(err).split())[:200]}); re-export the model") from None
+    model.tie_weights()
+    expected = model.state_dict()
+    loaded = {t.data_ptr() for n, t in expected.items() if n in state}  # a tied tensor shares a loaded one's storage
+    missing = [n for n, t in expected.items() if n not in state and t.data_ptr() not in loaded]
+    if missing:
+        raise CompressedFolderError(f"{WEIGHTS} lacks tensor '{missing[0]}' (and {len(missing) - 1} more); "
+                                    "re-export the model")
+
+
 def _dtype(value: Any) -> torch.dtype | None:
     """``from_pretrained``'s dtype argument: None or ``"auto"`` keep the stored dtype."""
     if value is None or value == "auto":
@@ -218,15 +300,37 @@ def _dtype(value: Any) -> torch.dtype | None:
     return value
 
 
-def _device(device_map: Any) -> torch.device:
-    """The one device a compressed model goes to (``device_map`` as a device, or ``"auto"``)."""
+def _device(device_map: Any, max_memory: Any = None) -> torch.device:
+    """The one device a compressed model goes to.
+
+    ``device_map`` may be None (the CPU), a device (``"cpu"``, ``"cuda:0"``,
+    ``0``), ``"auto"`` (the first GPU that ``max_memory`` allows, else the
+    CPU) or a dict whose entries all name the same device (transformers'
+    ``{"": device}``).
+
+    Raises:
+        ValueError: a map over several devices, or onto ``"disk"`` or ``"meta"``.
+    """
+    if isinstance(device_map, Mapping):
+        devices = {str(torch.device(d) if isinstance(d, int) else d) for d in device_map.values()}
+        if len(devices) != 1:
+            raise ValueError(f"a bsi-compressed model loads onto one device, but device_map spreads it over "
+                             f"{', '.join(sorted(devices)) or 'no device'}: pass device_map={{'': 'cuda:0'}} (or "
+                             "'cpu'), or leave parallelize off")
+        device_map = devices.pop()
     if device_map is None:
         return torch.device("cpu")
-    if device_map == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device_map in ("auto", "balanced", "balanced_low_0", "sequential"):
+        gpus = [k for k in (max_memory or {}) if isinstance(k, int) or str(k).startswith("cuda")]
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device(gpus[0] if gpus else "cuda")
+    if device_map in ("disk", "meta"):
+        raise ValueError(f"a bsi-compressed model cannot be loaded onto '{device_map}': pass device_map='cpu', "
+                         "'cuda:0' or 'auto'")
     if isinstance(device_map, (str, int, torch.device)):
         return torch.device(device_map)
-    raise ValueError("a bsi-compressed model loads onto one device: pass device_map='cpu', 'cuda:0' or 'auto'")
+    raise ValueError(f"device_map {device_map!r} is not a device: pass device_map='cpu', 'cuda:0' or 'auto'")
 
 
 class BSICompressedForCausalLM(PreTrainedModel):
@@ -253,13 +357,20 @@ class BSICompressedForCausalLM(PreTrainedModel):
             pretrained_model_name_or_path: the folder (or a hub id holding the same files).
             config: its :class:`BSICompressedConfig` (read from the folder when omitted).
             dtype: ``"auto"``/None keep the stored dtype; else the dtype to cast to.
-            device_map: one device (``"cpu"``, ``"cuda:0"``) or ``"auto"``.
+            device_map: one device (``"cpu"``, ``"cuda:0"``, ``{"": "cuda:0"}``) or ``"auto"`` (see the module docstring).
             attn_implementation: passed to the original architecture.
         """
         hub = {k: kwargs.pop(k) for k in _HUB_KWARGS if k in kwargs}
+        one_device = {k: kwargs.pop(k) for k in _ONE_DEVICE_KWARGS if k in kwargs}
+        quantize = sorted(k for k in _QUANTIZE_KWARGS if kwargs.pop(k, None) not in (None, False))
+        if quantize:
+            raise ValueError(f"a bsi-compressed model does not quantize while loading ({', '.join(quantize)}): load "
+                             "it without, then quantize the loaded model (torchao's quantize_, optimum-quanto), or "
+                             "write a quantized folder with `bsi export --quantize int8`")
         unused = sorted(k for k, v in kwargs.items() if v is not None and not k.startswith("_") and k not in _IGNORED_KWARGS)
         if model_args or unused:
             raise TypeError(f"bsi-compressed models do not take {', '.join(unused) or 'positional arguments'}")
+        device = _device(device_map, one_device.get("max_memory"))  # a wrong map is refused before anything loads
         source = pretrained_model_name_or_path
         if config is None:
             config = BSICompressedConfig.from_pretrained(source, **hub)
@@ -267,11 +378,16 @@ class BSICompressedForCausalLM(PreTrainedModel):
         attn_implementation = attn_implementation or getattr(config, "_attn_implementation", None)
         model = build_model(base_config(config.base_model_type, config.base_config), config.bsi_layers,
                             attn_implementation=attn_implementation)
-        load_weights(model, read_weights(cached_file(source, WEIGHTS, **hub)))
+        state = current_names(read_weights(cached_file(source, WEIGHTS, **hub)), config.bsi_layers)
+        quantization = getattr(config, "bsi_quantization", None)
+        if quantization:
+            load_quantized_weights(model, state, quantization, device)
+        else:
+            load_weights(model, state)
         try:
             model.generation_config = GenerationConfig.from_pretrained(source, **hub)
         except OSError:  # a folder saved without generation_config.json keeps the config's defaults
             pass
         cast = _dtype(dtype if dtype is not None else torch_dtype)
-        model = model.to(device=_device(device_map), dtype=cast) if cast is not None else model.to(_device(device_map))
+        model = model.to(device=device, dtype=cast) if cast is not None else model.to(device)
         return model.eval()
