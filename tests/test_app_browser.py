@@ -179,7 +179,7 @@ def test_first_visit_shows_the_shipped_run_and_study(tmp_path):
                                                             "real figure (the shipped run's rank heatmap)\n")
                 status = page.locator("#job-status")
                 expect(status).to_contain_text("Showing a finished run")
-                expect(status).to_contain_text("SmolLM2")
+                expect(status).to_contain_text("smollm2-135m-instruct")
                 page.wait_for_function(HAS_DATA, arg="params-plot")
                 page.screenshot(path=str(ARTIFACTS / "first-visit.png"), full_page=False)
 

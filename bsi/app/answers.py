@@ -210,10 +210,11 @@ def render(run_folder: str = "", sweep_folder: str = ""):
                   f"{', '.join(methods)} at {', '.join(f'{t:g}' for t in offer['targets'])}; seeds "
                   f"{', '.join(map(str, offer['seeds']))}; {offer['count']} answered problems per seed")
         first = "bsi" if "bsi" in methods else methods[0]
+        shared = [t for t in offer["targets"] if all(t in sweep.targets(m) for m in methods)]  # every method has it
         return (status, gr.update(choices=offer["seeds"], value=offer["seeds"][0]),
                 gr.update(choices=methods, value=first),
                 gr.update(choices=methods, value=[m for m in methods if m != first]),
-                gr.update(choices=offer["targets"], value=offer["targets"][-1]), text, rows)
+                gr.update(choices=offer["targets"], value=(shared or offer["targets"])[0]), text, rows)
 
     def on_problem(folder, seed_value, number):
         try:

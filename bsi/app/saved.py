@@ -101,7 +101,16 @@ class SavedRun:
         session.summary = self.summary
         session.params_before = self.summary.get("params_before")
         session.compressible_before = self.summary.get("compressible_params_before")
-        session.log = [f"[saved] {self.headline()} (from `{self.folder}`)"]
+        session.log = [f"[saved] {self.headline()} (from {shown_path(self.folder)})"]
+
+
+def shown_path(folder: str | Path) -> str:
+    """``folder`` as the page writes it: relative to the repository when inside it (``data/runs/tour``)."""
+    from bsi.shipped import DATA
+
+    path = Path(folder).resolve()
+    root = DATA.parent.resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(folder)
 
 
 def opening_view(saved: SavedRun | None, error: str | None = None) -> Any:
@@ -119,8 +128,8 @@ def opening_view(saved: SavedRun | None, error: str | None = None) -> Any:
         return JobView(status, figures.loss_figure([]), figures.params_figure([]), figures.rank_heatmap([]), "", [], [])
     session = Session()
     saved.fill(session)
-    status = (f"Showing a finished run: {saved.headline()} (`{saved.folder}`). Inspect, Spectra and Answers show it "
-              "too. Press **Start** to run your own.")
+    status = (f"Showing a finished run: {saved.headline()} (`{shown_path(saved.folder)}`). Inspect, Spectra and "
+              "Answers show it too. Press **Start** to run your own.")
     view = snapshot(session, status)
     if not saved.rounds:  # scalars only: the parameters per round still draw
         view.params = figures.params_figure(saved.scalar_rounds, session.params_before, session.compressible_before)
@@ -140,14 +149,17 @@ def opening_folders() -> tuple[str, str, str]:
     From :mod:`bsi.shipped` (``data/``; empty strings where this checkout has
     none, e.g. an installed bsi): the Answers view opens on
     :data:`~bsi.shipped.FIRST_RUN` (else on the plots' run), the plots on
-    :data:`OPENING_RUN` when it keeps per-layer records, else on the same run.
+    :data:`OPENING_RUN` when it keeps per-layer records, else on the same
+    run; the sweep is :data:`~bsi.shipped.FIRST_SWEEP`, else the first
+    shipped sweep by name.
     """
-    from bsi.shipped import shipped_run, shipped_sweep
+    from bsi.shipped import DATA, shipped_run, shipped_sweep
 
     first = shipped_run()
     plots_run = shipped_run(OPENING_RUN) if has_details(shipped_run(OPENING_RUN)) else first
     answers_run = first or plots_run
-    sweep = shipped_sweep()
+    others = sorted(folder.name for folder in (DATA / "sweeps").glob("*")) if (DATA / "sweeps").is_dir() else []
+    sweep = shipped_sweep() or next((shipped_sweep(name) for name in others if shipped_sweep(name)), None)
     return str(plots_run or ""), str(answers_run or ""), str(sweep or "")
 
 
