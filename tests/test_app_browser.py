@@ -197,8 +197,12 @@ def test_first_visit_shows_the_shipped_run_and_study(tmp_path):
                 expect(page.locator("#eps-note")).to_contain_text("0 takes the rule")
                 page.locator("#size-mode").get_by_text("the paper's size rule (KeepRatio)").click()
                 expect(page.locator("#size-line")).to_contain_text("KeepRatio^(1/T)")
-                page.locator("#eps-field").scroll_into_view_if_needed()
-                page.screenshot(path=str(ARTIFACTS / "form-eps-keepratio.png"), full_page=False)
+                scrolled = page.evaluate("window.scrollY")  # boxes are in the viewport, a full-page clip in the page
+                top = page.locator("#preset-menu").bounding_box()  # the method's inputs, preset to the eps rule
+                bottom = page.locator("#eps-rule").bounding_box()
+                page.screenshot(path=str(ARTIFACTS / "form-eps-keepratio.png"), full_page=True,
+                                clip={"x": 0, "y": top["y"] + scrolled - 20, "width": 720,
+                                      "height": bottom["y"] + bottom["height"] - top["y"] + 40})
 
                 page.get_by_role("tab", name="Inspect").click()
                 expect(page.locator("#inspect-summary")).to_contain_text("candidate pool")
