@@ -36,7 +36,7 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         (["--resume", "{tmp}/nothing"], "nothing to resume"),
     ],
     "export": [
-        (["--out", "{tmp}/dense"], "the following arguments are required: --dense"),
+        (["--out", "{tmp}/dense"], "one of the arguments --dense --model is required"),
         (["--dense", "{tmp}/nothing", "--out", "{tmp}/dense"], "is not a bsi-compressed model folder"),
         (["--dense", "{tmp}", "--out", "{tmp}/dense", "--dtype", "fp16"],
          "--dtype must be one of stored, float32, bfloat16, float16, got 'fp16'"),

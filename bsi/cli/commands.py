@@ -154,19 +154,44 @@ def summary_table(summary: dict[str, Any]) -> str:
 
 # -------------------------------------------------------------------- export
 def add_export(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dense", metavar="FOLDER", required=True,
-                   help="a compressed-model folder (what `bsi compress --out` wrote): its factors are multiplied "
-                        "back into ordinary dense layers, for tools that read only standard checkpoints")
-    p.add_argument("--out", metavar="DIR", required=True,
-                   help="folder for the dense checkpoint (config.json, model.safetensors, tokenizer)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dense", metavar="FOLDER",
+                        help="a compressed-model folder (what `bsi compress --out` wrote): its factors are multiplied "
+                             "back into ordinary dense layers, for tools that read only standard checkpoints "
+                             "(required: this or --model)")
+    source.add_argument("--model", metavar="FOLDER",
+                        help="with --quantize: a compressed-model folder or any model folder (the dense fine-tuned "
+                             "model, for a reference) to write with quantized weights (required: this or --dense)")
     from bsi.config import DTYPES
 
+    p.add_argument("--quantize", choices=("int8",),
+                   help="with --model: int8 weights (per output channel, optimum-quanto; embeddings and norms stay "
+                        "float) in a bsi folder that loads as the model does; needs `pip install 'bsi[quantize]'` "
+                        "(default: none)")
+    p.add_argument("--out", metavar="DIR", required=True,
+                   help="folder for the written model (config.json, model.safetensors, tokenizer)")
     p.add_argument("--dtype", default="stored", choices=("stored", *DTYPES),
-                   help="dtype of the written weights; stored: the compressed folder's")
+                   help="--dense: dtype of the written weights; stored: the compressed folder's")
     p.add_argument("--force", action="store_true", help="replace what --out holds")
 
 
 def run_export(args: argparse.Namespace) -> int:
+    if args.model is not None and args.quantize is None:
+        raise BSIError("--model FOLDER goes with --quantize int8 (to multiply factors back into dense layers, use "
+                       "--dense FOLDER)")
+    if args.dense is not None and args.quantize is not None:
+        raise BSIError("--quantize goes with --model FOLDER, not --dense: quantize the compressed folder itself")
+    if args.quantize is not None:
+        if args.dtype != "stored":
+            raise BSIError("--dtype is for --dense; a quantized folder keeps int8 weights and float32 for the rest")
+        from bsi.pipeline.quantize import check_quantization, export_quantized, weights_bytes
+
+        check_quantization(args.quantize)  # before anything loads: a missing library answers at once
+        out = export_quantized(args.model, args.out, scheme=args.quantize, force=args.force)
+        print(f"wrote {args.quantize} weights to {out} ({weights_bytes(out):,} bytes of weights, against "
+              f"{weights_bytes(args.model):,}); it loads like its source: "
+              f"AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)")
+        return 0
     from bsi.models import torch_dtype
     from bsi.pipeline.export import export_dense
 
@@ -193,6 +218,7 @@ def add_eval(p: argparse.ArgumentParser) -> None:
                            "seed": "seed of the test split (same as the compress run's to reuse it)"})
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     _add_perplexity_flags(p)
+    _add_lm_eval_flags(p)
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -201,6 +227,10 @@ def run_eval(args: argparse.Namespace) -> int:
     from bsi.method.surgery import model_parameters
     from bsi.models import check_model_spec, load_model_and_tokenizer, resolve_device, resolve_dtype
 
+    if args.lm_eval is not None:
+        return _run_eval_lm_eval(args)  # checks lm-eval, the tasks and the model folder, then evaluates
+    if args.limit is not None or args.include_path is not None:
+        raise BSIError("--limit and --include-path go with --lm-eval TASKS")
     if args.perplexity:
         return _run_eval_perplexity(args)  # checks the text and its flags, then the model
     check_model_spec(args.model)
@@ -288,6 +318,57 @@ def _run_eval_perplexity(args: argparse.Namespace) -> int:
     else:
         print(f"{result.summary_line()}; {params:,} parameters")
     return 0
+
+
+def _add_lm_eval_flags(p: argparse.ArgumentParser) -> None:
+    """``bsi eval --lm-eval TASKS``: lm-evaluation-harness on the model folder (see :mod:`bsi.pipeline.harness`)."""
+    p.add_argument("--lm-eval", metavar="TASKS",
+                   help="evaluate with lm-evaluation-harness instead: task names separated by commas; bsi ships "
+                        "bsi_wikitext2 (word perplexity on WikiText-2's test articles) and bsi_embedded_math (the "
+                        "embedded task's test problems); needs `pip install 'bsi[eval]'` (default: none, bsi's own "
+                        "evaluation)")
+    p.add_argument("--limit", type=whole_number(1), metavar="N",
+                   help="--lm-eval: documents per task (lm-eval's --limit) (default: all)")
+    p.add_argument("--include-path", metavar="DIR",
+                   help="--lm-eval: a folder of your own lm-eval task YAML files (default: bsi's tasks only)")
+
+
+def _run_eval_lm_eval(args: argparse.Namespace) -> int:
+    """``bsi eval --lm-eval``: check lm-eval, the tasks (their files and data) and the folder, then evaluate."""
+    from bsi.pipeline import harness
+
+    if args.perplexity:
+        raise BSIError("give --perplexity or --lm-eval, not both (bsi_wikitext2 is lm-eval's word perplexity)")
+    if args.data is not None:
+        raise BSIError("--data is for bsi's own evaluation: with --lm-eval the tasks say what is scored")
+    tasks = harness.parse_tasks(args.lm_eval)
+    harness.check_lm_eval()
+    manager = harness.task_manager(args.include_path)
+    harness.check_tasks(tasks, manager)
+    model = _lm_eval_model_folder(args.model)
+    from bsi.models import resolve_device
+
+    device = str(resolve_device(args.device))
+    result = harness.run_lm_eval(model, tasks, limit=args.limit, include_path=args.include_path, device=device,
+                                 dtype=args.dtype, batch_size=args.batch_size or 1,
+                                 trust_remote_code=args.trust_remote_code)
+    if args.json:
+        print(harness.result_json(result))
+    else:
+        print("\n".join(result.lines()))
+    return 0
+
+
+def _lm_eval_model_folder(spec: str) -> str:
+    """The folder lm-eval's ``hf`` model loads for ``--model``: the embedded model's cached copy, or the folder given."""
+    from bsi.models import BUILT_IN_MODELS, EMBEDDED_MODEL, check_model_spec, ensure_embedded_model
+
+    if spec in BUILT_IN_MODELS:
+        if spec == "embedded" or spec == EMBEDDED_MODEL:
+            return str(ensure_embedded_model())
+        raise BSIError(f"--lm-eval loads model folders: '{spec}' has none (give a bsi output folder or a model folder)")
+    check_model_spec(spec)
+    return spec
 
 
 # ---------------------------------------------------------------------- chat

@@ -1,0 +1,172 @@
+"""lm-evaluation-harness on bsi's folders: its command line as users call it, `bsi eval --lm-eval`, its refusals.
+
+Every run here is offline: the tasks are bsi's own (bsi/data/lm_eval_tasks),
+built from the package, and the model is the smoke preset's tiny export.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bsi.cli import main
+from bsi.errors import BSIError
+from bsi.pipeline import harness
+
+pytest.importorskip("lm_eval", reason="lm-eval is part of the test extra: pip install -e '.[test]'")
+
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def smoke_export(tmp_path_factory):
+    """`bsi compress --preset smoke`: a tiny compressed folder with its tokenizer (module-wide, built once)."""
+    root = tmp_path_factory.mktemp("lm-eval")
+    previous = os.environ.get("BSI_CACHE")
+    os.environ["BSI_CACHE"] = str(root / "cache")
+    try:
+        assert main(["compress", "--preset", "smoke", "--quiet", "--eval-examples", "0", "--out", str(root / "m")]) == 0
+    finally:
+        if previous is None:
+            os.environ.pop("BSI_CACHE")
+        else:
+            os.environ["BSI_CACHE"] = previous
+    return root / "m"
+
+
+def lm_eval_cli(folder: Path, out: Path, *extra: str, model_args: str = "", limit: int = 2) -> dict:
+    """``lm_eval --model hf --model_args pretrained=FOLDER,trust_remote_code=True ...``; returns its results JSON."""
+    command = [sys.executable, "-m", "lm_eval", "--model", "hf",
+               "--model_args", f"pretrained={folder},trust_remote_code=True{model_args}",
+               "--include_path", str(harness.TASKS_FOLDER), "--tasks", "bsi_wikitext2", "--limit", str(limit),
+               "--output_path", str(out), *extra]
+    env = {**os.environ, **OFFLINE, "HF_MODULES_CACHE": str(out / "hf-modules")}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=out.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = sorted(out.rglob("results_*.json"))
+    assert files, done.stdout[-2000:]
+    return json.loads(files[-1].read_text())["results"]["bsi_wikitext2"]
+
+
+def test_lm_eval_command_line_loads_an_export_with_its_defaults_and_parallelize(smoke_export, tmp_path):
+    """lm-eval passes device_map={"": device}; with parallelize=True also max_memory and offload_folder."""
+    plain = lm_eval_cli(smoke_export, tmp_path / "plain")
+    # on a CPU-only machine lm-eval's parallelize mode needs --device cpu (the dense model's case too)
+    spread = lm_eval_cli(smoke_export, tmp_path / "parallel", "--device", "cpu", model_args=",parallelize=True")
+    for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
+        assert plain[metric] == spread[metric]
+        assert plain[metric] > 0
+    assert plain["bits_per_byte,none"] < 8  # a language model's loss, not a uniform guess over 256 bytes: the real weights
+
+    # the same model loaded by bsi and handed to lm-eval's Python API scores the same
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    from bsi.pipeline.export import load_compressed
+
+    model, tokenizer = load_compressed(smoke_export)
+    results = simple_evaluate(model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=1), tasks=["bsi_wikitext2"],
+                              task_manager=harness.task_manager(), limit=2)
+    assert results["results"]["bsi_wikitext2"]["word_perplexity,none"] == pytest.approx(plain["word_perplexity,none"],
+                                                                                         rel=1e-4)
+
+
+def test_bsi_eval_lm_eval_reports_the_shipped_tasks(smoke_export, capsys):
+    assert main(["eval", "--model", str(smoke_export), "--lm-eval", "bsi_wikitext2,bsi_embedded_math",
+                 "--limit", "2", "--device", "cpu", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tasks"] == ["bsi_wikitext2", "bsi_embedded_math"]
+    assert result["samples"] == {"bsi_wikitext2": 2, "bsi_embedded_math": 2}
+    text = result["metrics"]["bsi_wikitext2"]
+    assert text["word_perplexity"] > text["byte_perplexity"] > 1  # a word spans several bytes
+    assert result["metrics"]["bsi_embedded_math"]["exact_match"] in (0.0, 0.5, 1.0)
+
+
+def test_shipped_tasks_read_bsis_own_data():
+    """WikiText-2's test articles start at their level-one headings; the math problems are bsi compress's test set."""
+    sys.path.insert(0, str(harness.TASKS_FOLDER))
+    try:
+        import bsi_tasks
+    finally:
+        sys.path.remove(str(harness.TASKS_FOLDER))
+    from bsi.data import extract_answer, load_task
+
+    articles = bsi_tasks.wikitext_2_test()["test"]["page"]
+    assert len(articles) == 62  # as in the document-level WikiText-2 that lm-eval's own wikitext task reads
+    assert all(a.lstrip(" ").startswith("= ") and not a.lstrip(" ").startswith("= =") for a in articles)
+    assert sum(len(a) for a in articles) > 0.99 * len((harness.TASKS_FOLDER.parent / "wikitext-2" / "test.txt")
+                                                        .read_text(encoding="utf-8").strip())
+    assert bsi_tasks.split_articles(" = A = \n x \n = = B = = \n y \n = C = \n z \n") == \
+        [" = A = \n x \n = = B = = \n y ", " = C = \n z "]
+    problems = bsi_tasks.embedded_math_test(test_size=5)["test"]
+    test = load_task("embedded-math", test_size=5, seed=0).test
+    assert problems["question"] == [e.question for e in test]
+    assert problems["gold"] == [extract_answer(e.answer) for e in test]
+    assert bsi_tasks.score_answer({"gold": "19"}, ["She has 12 + 7 = 19.\n#### 19"]) == {"exact_match": 1.0}
+    assert bsi_tasks.score_answer({"gold": "19"}, ["#### 18"]) == {"exact_match": 0.0}
+
+
+def test_what_cannot_run_is_refused_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    """lm-eval missing, an unknown task, an unreadable task file: one line each, and no model is touched.
+
+    The model path does not exist: an error about it would mean the model was looked at first.
+    """
+    missing_model = str(tmp_path / "no-model-here")
+    bad = tmp_path / "tasks"
+    bad.mkdir()
+    (bad / "broken.yaml").write_text("task: broken\n  dataset_path: [unclosed\n")
+    cases = [
+        (["--lm-eval", "no_such_task"], "lm-eval has no task 'no_such_task'"),
+        (["--lm-eval", "broken", "--include-path", str(bad)], "cannot read the task file"),
+        (["--lm-eval", "bsi_wikitext2", "--include-path", str(tmp_path / "nowhere")], "is not a folder"),
+        (["--lm-eval", " , "], "task names separated by commas"),
+        (["--lm-eval", "bsi_wikitext2", "--perplexity"], "not both"),
+        (["--limit", "3"], "go with --lm-eval"),
+    ]
+    for flags, message in cases:
+        assert main(["eval", "--model", missing_model, *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and "\n" not in err, err
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if it were not installed
+    assert main(["eval", "--model", missing_model, "--lm-eval", "bsi_wikitext2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "pip install 'bsi[eval]'" in err and "\n" not in err
+    with pytest.raises(BSIError, match="not installed"):
+        harness.check_lm_eval()
+
+
+@pytest.mark.slow
+def test_lm_eval_on_the_embedded_models_export(tmp_path):
+    """The real embedded model with low-rank layers, exported, through lm-eval's command line (one article).
+
+    The four attention value/output projections of the first two blocks keep
+    their 128 largest bases (of 192 and 576): they are exported as two-factor
+    layers and the model stays a working one.
+    """
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    from bsi.method.surgery import basis_layers, to_basis_form
+    from bsi.models import load_model_and_tokenizer
+    from bsi.pipeline.export import load_compressed, save_compressed
+
+    model, tokenizer = load_model_and_tokenizer("embedded")
+    names = [f"model.layers.{i}.self_attn.{p}" for i in range(2) for p in ("v_proj", "o_proj")]
+    to_basis_form(model, aux_rank=0, names=names)
+    for layer in basis_layers(model).values():
+        layer.keep(torch.arange(128))
+    folder = save_compressed(model, tokenizer, tmp_path / "embedded", {"method": "bsi"})
+    table = json.loads((folder / "config.json").read_text())["bsi_layers"]
+    assert sorted(n for n, spec in table.items() if spec["kind"] == "lowrank") == sorted(names)
+
+    result = lm_eval_cli(folder, tmp_path / "out", limit=1)
+    assert 0.5 < result["bits_per_byte,none"] < 2.0  # a working model on Wikipedia text (uniform bytes: 8)
+    loaded, tokenizer = load_compressed(folder)
+    api = simple_evaluate(model=HFLM(pretrained=loaded, tokenizer=tokenizer, batch_size=1), tasks=["bsi_wikitext2"],
+                          task_manager=harness.task_manager(), limit=1)["results"]["bsi_wikitext2"]
+    assert api["word_perplexity,none"] == pytest.approx(result["word_perplexity,none"], rel=1e-4)
