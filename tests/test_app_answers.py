@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,30 +19,37 @@ import torch
 
 from bsi.analysis.answers import CATEGORIES
 from bsi.app import answers, chat, compare, guide
-from bsi.app.form import Form, preset_label, preset_line, preset_order
+from bsi.app.form import preset_label, preset_line, preset_order
 from bsi.app.state import Session
 from bsi.config import PRESET_COSTS, PRESETS, make_config
 from bsi.errors import BSIError
 from bsi.pipeline.runner import Pipeline
 
 
-@pytest.fixture(scope="module")
-def saved_run():
-    """A finished smoke run saved to a folder, and the cache holding its fine-tune."""
-    root = Path(tempfile.mkdtemp(prefix="bsi-app-answers-"))
+@contextmanager
+def private_root(prefix: str):
+    """A temporary folder whose ``cache/`` is BSI_CACHE while it lasts (for module-scoped fixtures)."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     old = os.environ.get("BSI_CACHE")
     os.environ["BSI_CACHE"] = str(root / "cache")
-    torch.set_num_threads(1)
     try:
-        for _ in Pipeline(make_config("smoke"), out_dir=root / "run").run():
-            pass
-        yield root / "run", root / "cache"
+        yield root
     finally:
         if old is None:
             os.environ.pop("BSI_CACHE")
         else:
             os.environ["BSI_CACHE"] = old
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def saved_run():
+    """A finished smoke run saved to a folder, and the cache holding its fine-tune."""
+    torch.set_num_threads(1)
+    with private_root("bsi-app-answers-") as root:
+        for _ in Pipeline(make_config("smoke"), out_dir=root / "run").run():
+            pass
+        yield root / "run", root / "cache"
 
 
 # ------------------------------------------------------------------ a run's answers
@@ -180,22 +188,13 @@ def tiny_sweep():
     from bsi.config import SweepConfig
     from bsi.pipeline.sweep import Sweep
 
-    root = Path(tempfile.mkdtemp(prefix="bsi-app-sweep-"))
-    old = os.environ.get("BSI_CACHE")
-    os.environ["BSI_CACHE"] = str(root / "cache")
-    try:
+    with private_root("bsi-app-sweep-") as root:
         config = make_config("smoke", {"eval_examples": 6, "test_size": 6, "max_new_tokens": 8,
                                        "compress": {"rounds": 3, "iters_per_epoch": 6}})
         for _ in Sweep(config, SweepConfig.from_dict({"methods": ("svd", "bsi", "basel"), "targets": (0.6, 0.4)}),
                        root / "sweep").run():
             pass
         yield root / "sweep"
-    finally:
-        if old is None:
-            os.environ.pop("BSI_CACHE")
-        else:
-            os.environ["BSI_CACHE"] = old
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_sweep_answers_one_problem_across_methods_and_sizes(tiny_sweep):

@@ -20,7 +20,6 @@ change (:class:`~bsi.errors.BSIError`), never a half-filled one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 from bsi.analysis.answers import CATEGORIES, CATEGORY_MEANINGS, REFERENCES, RunAnswers, SweepAnswers, \
     read_run_answers, read_sweep_answers
