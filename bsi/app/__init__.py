@@ -2,12 +2,14 @@
 
 Everything here is importable and testable without a server: each tab module
 (:mod:`~bsi.app.compress`, :mod:`~bsi.app.inspect`, :mod:`~bsi.app.spectra`,
-:mod:`~bsi.app.chat`, :mod:`~bsi.app.compare`) holds plain handler functions
+:mod:`~bsi.app.chat`, :mod:`~bsi.app.answers`, :mod:`~bsi.app.compare`,
+:mod:`~bsi.app.guide`) holds plain handler functions
 (inputs in, values or generators of values out) and a ``render(...)``
 function that lays the tab's components out and wires them to those
 handlers; the Compress tab's form and its checks are :mod:`bsi.app.form`,
-:mod:`bsi.app.job` is the streaming compression job and :mod:`bsi.app.format`
-how numbers and messages are written. The figures are
+:mod:`bsi.app.job` is the streaming compression job, :mod:`bsi.app.saved` a
+finished run read back for the first visit, and :mod:`bsi.app.format` how
+numbers and messages are written. The figures are
 :mod:`bsi.analysis.figures` and the maths is the library's: the tabs only
 call them. ``app.py`` at the repository root composes the tabs with
 :func:`bsi.app.build_app` and launches only under ``__main__``.

@@ -2,10 +2,12 @@
 
 :func:`build_app` makes everything one server needs: the
 :class:`~bsi.app.state.JobBoard` (one compression at a time), a ``gr.State``
-holding a fresh :class:`~bsi.app.state.Session` per visitor, and the five
-tabs, and the :class:`~bsi.app.state.Visitors` map with the ``unload``
-event that stops a leaving visitor's job and frees its models. Nothing here
-runs at import; ``app.py`` launches the result.
+holding a fresh :class:`~bsi.app.state.Session` per visitor, the seven
+tabs (Compress, Inspect, Spectra, Chat, Answers, Compare, Help), opened on
+the run and sweep shipped in ``data/`` (:mod:`bsi.app.saved`: read once per
+server, shown before any click), and the :class:`~bsi.app.state.Visitors`
+map with the ``unload`` event that stops a leaving visitor's job and frees
+its models. Nothing here runs at import; ``app.py`` launches the result.
 """
 
 from __future__ import annotations
