@@ -26,15 +26,9 @@ OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 def smoke_export(tmp_path_factory):
     """`bsi compress --preset smoke`: a tiny compressed folder with its tokenizer (module-wide, built once)."""
     root = tmp_path_factory.mktemp("lm-eval")
-    previous = os.environ.get("BSI_CACHE")
-    os.environ["BSI_CACHE"] = str(root / "cache")
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BSI_CACHE", str(root / "cache"))
         assert main(["compress", "--preset", "smoke", "--quiet", "--eval-examples", "0", "--out", str(root / "m")]) == 0
-    finally:
-        if previous is None:
-            os.environ.pop("BSI_CACHE")
-        else:
-            os.environ["BSI_CACHE"] = previous
     return root / "m"
 
 

@@ -7,36 +7,22 @@ import json
 
 import pytest
 import torch
-from conftest import lm_loss, make_tiny_llama, token_batches
+from conftest import make_tiny_llama
 from safetensors.torch import load_file, save_file
+from test_export import compressed_tiny, logits
 from torch import nn
 
 from bsi.cli import main
-from bsi.config import CompressConfig
 from bsi.errors import BSIError
-from bsi.method.engine import Compressor
 from bsi.method.layers import LowRankLinear
 from bsi.pipeline.export import load_compressed, save_compressed
 
 pytest.importorskip("optimum.quanto", reason="optimum-quanto is part of the test extra: pip install -e '.[test]'")
 
 
-def compressed_tiny(tied: bool = False):
-    model = make_tiny_llama(tied=tied)
-    config = CompressConfig(size_mode="keep", keep_ratio=0.3, rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=2)
-    for _ in Compressor(model, token_batches(), config, lm_loss).run():
-        pass
-    return model
-
-
-def logits(model, ids):
-    with torch.no_grad():
-        return model(input_ids=ids).logits
-
-
 @pytest.fixture
 def folder(tmp_path):
-    return save_compressed(compressed_tiny(), None, tmp_path / "m", {"method": "bsi"})
+    return save_compressed(compressed_tiny(False), None, tmp_path / "m", {"method": "bsi"})
 
 
 def low_rank_names(model) -> list[str]:

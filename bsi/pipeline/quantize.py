@@ -63,13 +63,6 @@ def check_quantization(scheme: str, device: str | torch.device = "cpu") -> str:
     return importlib.metadata.version(LIBRARY)
 
 
-def untied_output_names(model: nn.Module) -> list[str]:
-    """Linear layers whose weight is an embedding's (a tied output layer): left unquantized, like the embedding."""
-    from bsi.method.surgery import tied_output_names
-
-    return sorted(tied_output_names(model))
-
-
 def quantize_linears(model: nn.Module, scheme: str = "int8") -> dict[str, dict[str, str]]:
     """Quantize every ``nn.Linear`` of ``model`` in place (weights only) except a tied output layer.
 
@@ -78,7 +71,10 @@ def quantize_linears(model: nn.Module, scheme: str = "int8") -> dict[str, dict[s
     """
     from optimum.quanto import freeze, quantization_map, quantize
 
-    quantize(model, weights=SCHEMES[scheme], exclude=untied_output_names(model) or None)
+    from bsi.method.surgery import tied_output_names
+
+    # a tied output layer is the embedding, which stays float
+    quantize(model, weights=SCHEMES[scheme], exclude=sorted(tied_output_names(model)) or None)
     freeze(model)  # int8 data and scales replace the float weights
     return quantization_map(model)
 
