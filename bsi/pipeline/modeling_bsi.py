@@ -7,7 +7,8 @@ bsi copies this file into every compressed-model folder, and the folder's
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
 
 gives the same model, with the same logits, as ``bsi.load_compressed(folder)``.
-It needs torch, transformers and safetensors only.
+It needs torch, transformers and safetensors only (a folder with int8
+weights, written by ``bsi export --quantize int8``, also optimum-quanto).
 
 Why ``trust_remote_code=True``: a compressed model is not the original
 architecture with its usual weights. Some linear layers became two smaller
