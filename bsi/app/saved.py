@@ -129,7 +129,7 @@ def opening_view(saved: SavedRun | None, error: str | None = None) -> Any:
     session = Session()
     saved.fill(session)
     status = (f"Showing a finished run: {saved.headline()} (`{shown_path(saved.folder)}`). Inspect, Spectra and "
-              "Answers show it too. Press **Start** to run your own.")
+              "Answers show it too; press **Start** to run your own.")
     view = snapshot(session, status)
     if not saved.rounds:  # scalars only: the parameters per round still draw
         view.params = figures.params_figure(saved.scalar_rounds, session.params_before, session.compressible_before)
