@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = sorted([*ROOT.glob("docs/*.md"), ROOT / "README.md", *ROOT.glob("notebooks/src/*.py")])
 
 #: Flags of the launchers the documents show bsi under (torchrun, accelerate launch), not bsi's own.
-LAUNCHER_FLAGS = {"--nproc_per_node", "--standalone", "--num_processes", "--cpu"}
+LAUNCHER_FLAGS = {"--nproc_per_node", "--standalone", "--num_processes", "--cpu",
+                  "--model_args", "--tasks", "--include_path", "--apply_chat_template"}  # the last four: lm_eval's
 
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*(?![\w-])")
 #: A source path in back-quotes (a module, a document, a notebook or a folder; outputs such as results.json are not).
