@@ -188,6 +188,15 @@ def _stream(session: Session, message: str, max_new_tokens: int) -> Iterator[tup
 
 
 PROMPTS_FILE = "examples/prompts.jsonl"
+"""The prompts file Chat proposes: the repository's own, with an answer to mark each reply against."""
+
+
+def default_prompts_file() -> str:
+    """:data:`PROMPTS_FILE` of this checkout (so it is found whatever folder the app was started in)."""
+    from bsi.shipped import DATA
+
+    path = DATA.parent / PROMPTS_FILE
+    return str(path) if path.is_file() else PROMPTS_FILE
 PROMPT_HEADERS = ["#", "prompt", "task's answer", "compressed answer", "compressed", "reference answer", "reference"]
 
 
@@ -227,7 +236,8 @@ def prompts_table(session: Session, path: str, max_new_tokens: int = 96) -> Iter
     from bsi.data import Example
     from bsi.pipeline.evaluate import evaluate
 
-    prompts = prompt_examples((path or "").strip() or PROMPTS_FILE)  # the file first: its errors need no model
+    path = (path or "").strip() or default_prompts_file()
+    prompts = prompt_examples(path)  # the file first: its errors need no model
     if session.compressed is None:
         raise BSIError("no compressed model yet: run a compression first, or load a saved folder")
     if session.chatting:
@@ -258,7 +268,7 @@ def prompts_table(session: Session, path: str, max_new_tokens: int = 96) -> Iter
     right = ", ".join(f"{name} {sum(bool(c) for _, c in answered[name])}/{marked}" for name, _ in sides
                       if name in answered)
     reference = session.original.label if session.original is not None else "no reference model loaded"
-    yield (f"{len(prompts)} prompts of `{(path or '').strip() or PROMPTS_FILE}`, {marked} with an answer · right: "
+    yield (f"{len(prompts)} prompts of `{Path(path).name}`, {marked} with an answer · right: "
            f"{right} · {reference}"), rows
 
 
@@ -293,7 +303,7 @@ def render(session_state, visitors: Visitors | None = None):
     gr.Markdown("**A whole prompts file through both models at once**, each answer marked against the prompt's "
                 "answer (greedy, the task's prompt format, as a run's evaluation).")
     with gr.Row():
-        prompts_path = gr.Textbox(value=PROMPTS_FILE, label="Prompts file (.jsonl: question, answer)", scale=4,
+        prompts_path = gr.Textbox(value=default_prompts_file(), label="Prompts file (.jsonl: question, answer)", scale=4,
                                   elem_id="chat-prompts-file")
         prompts_button = gr.Button("Answer every prompt with both", scale=1, elem_id="chat-prompts-run")
     prompts_status = gr.Markdown(elem_id="chat-prompts-status")
