@@ -137,6 +137,11 @@ def test_bsi_export_quantize_writes_an_int8_folder_that_loads_both_ways(folder, 
     assert (logits(ours, ids) - logits(source, ids)).norm() / logits(source, ids).norm() < 0.05
     assert all(isinstance(ours.get_submodule(n).up, QLinear) for n in low_rank_names(ours))
     assert ours.generate(ids[:1, :3], max_new_tokens=3, do_sample=False).shape == (1, 6)
+    from bsi.method.surgery import model_parameters
+
+    assert model_parameters(ours) == model_parameters(source)  # an int8 weight is still one parameter each
+    with pytest.raises(BSIError, match="float32"):
+        load_compressed(out, dtype=torch.bfloat16)
 
     # a dense folder (any transformers checkpoint) is written the same way: the dense int8 reference
     from bsi.models import TINY_MODEL, load_model_and_tokenizer

@@ -185,7 +185,8 @@ def unique_parameters(tensors: Iterable[torch.Tensor]) -> int:
     seen: set[int] = set()
     total = 0
     for t in tensors:
-        key = t.data_ptr() if t.device.type != "meta" else id(t)
+        pointer = t.data_ptr() if t.device.type != "meta" else 0
+        key = pointer or id(t)  # no storage of its own (meta, or a wrapper such as an int8 weight): itself
         if key in seen:
             continue
         seen.add(key)

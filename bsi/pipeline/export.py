@@ -176,8 +176,10 @@ def load_compressed(
         model = modeling_bsi.build_model(base, layers, layer_class=LowRankLinear)
         state = modeling_bsi.current_names(modeling_bsi.read_weights(str(weights)), layers)
         if quantization:
-            if dtype is not None:
-                raise BSIError(f"'{path}' holds int8 weights: load it in its stored dtype (--dtype auto)")
+            if dtype not in (None, torch.float32):
+                raise BSIError(f"'{path}' holds int8 weights with float32 scales and float32 embeddings: load it "
+                               "in float32 (--dtype float32)")
+            dtype = None  # stored as it is
             modeling_bsi.load_quantized_weights(model, state, quantization, torch.device(device))
         else:
             modeling_bsi.load_weights(model, state)
