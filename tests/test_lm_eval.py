@@ -164,3 +164,15 @@ def test_lm_eval_on_the_embedded_models_export(tmp_path):
     api = simple_evaluate(model=HFLM(pretrained=loaded, tokenizer=tokenizer, batch_size=1), tasks=["bsi_wikitext2"],
                           task_manager=harness.task_manager(), limit=1)["results"]["bsi_wikitext2"]
     assert api["word_perplexity,none"] == pytest.approx(result["word_perplexity,none"], rel=1e-4)
+
+
+def test_generation_tasks_are_prompted_through_a_chat_template_when_the_tokenizer_has_one(tmp_path):
+    """bsi's rule for prompts (bsi.data.build_prompt), applied to lm-eval's --apply_chat_template."""
+    plain, configured, own_file = (tmp_path / n for n in ("plain", "configured", "own-file"))
+    for folder in (plain, configured, own_file):
+        folder.mkdir()
+    (plain / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    (configured / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    (own_file / "chat_template.jinja").write_text("{{ messages }}")
+    assert [harness.has_chat_template(f) for f in (plain, configured, own_file, tmp_path / "absent")] == \
+        [False, True, True, False]

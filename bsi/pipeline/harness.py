@@ -122,6 +122,17 @@ def check_tasks(tasks: list[str], manager) -> None:
                            "YAML file, or give its data locally (lm-eval tasks that download need network)") from None
 
 
+def has_chat_template(path: str | Path) -> bool:
+    """Whether the model folder's tokenizer has a chat template (its own file, or in ``tokenizer_config.json``)."""
+    folder = Path(path).expanduser()
+    if (folder / "chat_template.jinja").is_file():
+        return True
+    try:
+        return bool(json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def is_bsi_folder(path: str | Path) -> bool:
     """Whether ``path`` is a folder written by ``bsi compress`` or ``bsi export`` (its code is bsi's own)."""
     return (Path(path).expanduser() / "bsi_config.json").is_file()
@@ -169,7 +180,7 @@ def metrics_of(results: dict[str, Any], tasks: list[str]) -> tuple[dict[str, dic
 
 def run_lm_eval(model: str, tasks: list[str], *, limit: int | None = None, include_path: str | Path | None = None,
                 device: str = "cpu", dtype: str = "auto", batch_size: int = 1, trust_remote_code: bool = False,
-                chat_template: bool = True) -> HarnessResult:
+                chat_template: bool | None = None) -> HarnessResult:
     """Evaluate the model folder ``model`` on lm-eval ``tasks`` through lm-eval's ``hf`` model; checks first.
 
     Args:
@@ -179,6 +190,7 @@ def run_lm_eval(model: str, tasks: list[str], *, limit: int | None = None, inclu
         chat_template: prompt generation tasks through the tokenizer's chat
             template (lm-eval's ``--apply_chat_template``), as bsi prompts;
             rolling log-likelihood tasks score the text alone either way.
+            None: when the folder's tokenizer has one (bsi's own rule).
     """
     version = check_lm_eval()
     manager = task_manager(include_path)
@@ -190,7 +202,8 @@ def run_lm_eval(model: str, tasks: list[str], *, limit: int | None = None, inclu
                   "dtype": dtype}
     results = lm_eval.simple_evaluate(model="hf", model_args=model_args, tasks=tasks, task_manager=manager,
                                       limit=limit, device=device, batch_size=batch_size,
-                                      apply_chat_template=chat_template, log_samples=False)
+                                      apply_chat_template=has_chat_template(model) if chat_template is None
+                                      else chat_template, log_samples=False)
     metrics, samples = metrics_of(results, tasks)
     return HarnessResult(model=str(model), tasks=tasks, limit=limit, lm_eval_version=version, metrics=metrics,
                          samples=samples)
