@@ -1,12 +1,12 @@
 """Low-rank plus int8, and the field's protocol beside bsi's: one script, every figure of docs/ecosystem.md.
 
     OMP_NUM_THREADS=1 python bench/ecosystem.py --compressed runs/default --out runs/ecosystem
-    python bench/ecosystem.py --dense-folder ~/.cache/bsi/finetuned/... --compressed /tmp/c --out /tmp/e --preset smoke
+    python bench/ecosystem.py --compressed /tmp/smoke --out /tmp/e --examples 8 --answered 4   # a smoke run: seconds
 
 For four models, measured in the same run:
 
 * **dense**: the fine-tuned model the compressed one started from (the
-  preset's cached fine-tune, or ``--dense-folder``);
+  run's, from the fine-tune cache, or ``--dense-folder``);
 * **dense int8** and **bsi int8**: those two written by
   ``bsi export --model ... --quantize int8`` (optimum-quanto, weights only);
 * **bsi**: the compressed folder (``--compressed``).
@@ -37,14 +37,12 @@ import torch  # noqa: E402
 
 from bsi.analysis.stats import Outcomes, paired_difference  # noqa: E402
 from bsi.analysis.study import interval_text  # noqa: E402
-from bsi.config import make_config  # noqa: E402
 from bsi.data import load_task  # noqa: E402
 from bsi.files import atomic_write_json  # noqa: E402
-from bsi.models import cache_root, load_model_and_tokenizer  # noqa: E402
+from bsi.models import load_model_and_tokenizer  # noqa: E402
 from bsi.pipeline.evaluate import evaluate  # noqa: E402
 from bsi.pipeline.export import load_compressed  # noqa: E402
 from bsi.pipeline.quantize import export_quantized, model_bytes, weights_bytes  # noqa: E402
-from bsi.pipeline.runner import finetune_cache_key  # noqa: E402
 
 
 def load_any(folder: Path):
@@ -80,8 +78,8 @@ def token_perplexity(model, tokenizer, windows: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--compressed", required=True, help="a bsi compressed folder")
-    parser.add_argument("--dense-folder", help="the dense fine-tuned folder (default: the preset's cached fine-tune)")
-    parser.add_argument("--preset", default="default", help="whose cached fine-tune is the dense model")
+    parser.add_argument("--dense-folder", help="the dense fine-tuned folder (default: the run's, from the fine-tune "
+                                               "cache)")
     parser.add_argument("--out", required=True, help="folder for the int8 exports and ecosystem.json")
     parser.add_argument("--examples", type=int, default=100, help="test problems scored for the loss")
     parser.add_argument("--answered", type=int, default=100, help="of them, answered for accuracy")
@@ -96,8 +94,12 @@ def main() -> int:
     compressed = Path(args.compressed)
     if args.dense_folder:
         dense = Path(args.dense_folder).expanduser()
-    else:
-        dense = cache_root() / "finetuned" / finetune_cache_key(make_config(args.preset, {}), torch.float32)
+    else:  # the run's own fine-tuned model, from the fine-tune cache
+        from bsi.analysis.compare import run_reference
+        from bsi.models import ensure_embedded_model
+
+        reference = run_reference(args.compressed).model
+        dense = ensure_embedded_model() if reference in ("embedded", "smollm2-135m-instruct") else Path(reference)
     folders = {"dense": dense, "dense int8": out / "dense-int8", "bsi": compressed, "bsi int8": out / "bsi-int8"}
     for name, source in (("dense int8", dense), ("bsi int8", compressed)):
         start = time.perf_counter()
