@@ -170,8 +170,8 @@ def metrics_of(results: dict[str, Any], tasks: list[str]) -> tuple[dict[str, dic
         values = {}
         for key, value in results["results"].get(task, {}).items():
             name, _, _ = key.partition(",")
-            if isinstance(value, (int, float)) and name not in ("alias", "sample_len"):
-                values[name.replace("_stderr", "") + ("_stderr" if "_stderr" in name else "")] = float(value)
+            if isinstance(value, (int, float)) and name not in ("alias", "sample_len"):  # a stderr "N/A" is text
+                values[name] = float(value)
         metrics[task] = values
     samples = {task: int(n.get("effective", n.get("original", 0))) if isinstance(n, dict) else int(n)
                for task, n in results.get("n-samples", {}).items()}
