@@ -321,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gen-tokens", type=int, default=32)
     p.add_argument("--gen-batch", type=int, default=1)
     p.add_argument("--memory-steps", type=int, default=4)
-    p.add_argument("--preset-run", action="store_true", help="also run the default preset end to end (11 min 50 s with the fine-tune cached, 2026-11-25)")
+    p.add_argument("--preset-run", action="store_true",
+                   help="also run the default preset end to end (11 min 50 s with the fine-tune cached, 2026-11-25)")
     p.add_argument("--json", default="bench/results.json", help="where to write the JSON results")
     p.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
