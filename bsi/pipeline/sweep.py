@@ -433,7 +433,11 @@ class Sweep:
                 f"({c.profiling_iters} profiling) passing every size, {c.curvature} curvature, {c.selection_rule} "
                 f"selection, cut cap {c.max_cut_factor:g}, {c.aux_rank} auxiliary vectors. Every method: "
                 f"{r.steps} recovery steps training {r.train}, {lr}.{unrecovered} Seeds "
-                f"{', '.join(map(str, self.settings.seeds))}; {evaluation}.{self.execution_note()}")
+                f"{', '.join(map(str, self.seeds_held()))}; {evaluation}.{self.execution_note()}")
+
+    def seeds_held(self) -> list[int]:
+        """The seeds the folder's rows hold (merged ones included), else the settings' seeds (nothing run yet)."""
+        return sorted({int(row["seed"]) for row in self.rows}) or list(self.settings.seeds)
 
     def execution_note(self) -> str:
         """Where the rows were computed, e.g. `` Computed in float32: seeds 0, 1 on cpu, seed 2 on cuda.`` ('' if unrecorded)."""
