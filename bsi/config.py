@@ -676,7 +676,8 @@ PRESET_COSTS: dict[str, PresetCost] = {
                        "accuracy you can trust and size: 20 test problems (a paired interval some 20 points wide), "
                        "2 pruning rounds of 6 iterations and 8 recovery steps, a mild 70% of the linear layers (1.31x)"),
     "default": PresetCost("bsi compress", 710, 891, "2026-11-25",
-                          "nothing measured here: the best trade found on 2 cores (1.82x at 92% against 84%)",
+                          "nothing: the best trade found on 2 cores (1.82x at 92%, against the dense model's 84% "
+                          "and its 95% with the same 96 recovery steps)",
                           "docs/log.md#the-default-as-the-best-trade-2026-11-25"),
     "demo": PresetCost("bsi compress", 247, None, "2026-11-25",
                        "size and accuracy: 1.31x at 75% against the dense 84% (4 rounds of 8 iterations, "

@@ -230,10 +230,13 @@ def test_compare_writes_one_column_per_model(tmp_path, isolated_cache, capsys):
     assert main(["compare", "--models", f"tiny-random-llama,{folder}", "--prompts", str(prompts),
                  "--out", str(out), "--max-new-tokens", "6"]) == 0
     result = json.loads((out / "compare.json").read_text())
-    assert [m["name"] for m in result["models"]] == ["tiny-random-llama", str(folder)]
+    # the run compressed its source model (no fine-tune stage): that model, named here too, is its reference
+    assert [m["name"] for m in result["models"]] == ["tiny-random-llama (reference)", str(folder)]
     assert all(len(m["outputs"]) == 2 for m in result["models"])
     assert result["models"][1]["params"] < result["models"][0]["params"]
-    header = (out / "compare.md").read_text().splitlines()[0]
+    lines = (out / "compare.md").read_text().splitlines()
+    assert lines[0].startswith("Reference: `tiny-random-llama`, the dense model") and "no fine-tune stage" in lines[0]
+    header = lines[2]
     assert header.count("|") == 4 and "M params" in header  # prompt column + one column per model
     assert "What is 2 + 3?" in capsys.readouterr().out
 

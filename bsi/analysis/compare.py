@@ -199,7 +199,9 @@ def compare_models(models: Sequence[str], prompts: Sequence[str | Prompt], *, ma
         "reference": None if reference is None else {"model": reference.model, "run": reference.run,
                                                      "description": reference.description},
         "prompts": texts, "answers": [p.answer for p in marked], "max_new_tokens": max_new_tokens, "models": []}
-    columns = ([(reference.model, f"reference: dense model of {reference.run}")] if reference is not None else []) + \
+    named = reference is not None and reference.model in models  # the user named the reference model too
+    columns = ([(reference.model, f"{reference.model} (reference)" if named else
+                 f"reference: dense model of {reference.run}")] if reference is not None else []) + \
         [(spec, spec) for spec in models if reference is None or spec != reference.model]
     for spec, name in columns:
         model, tokenizer = load_model_and_tokenizer(spec, dtype=torch_dtype, device=dev)
