@@ -557,15 +557,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (PipelineConfig()) and `bsi compress` run the same job. Change a default above, not here.
     "default": {},
     # The first look, about 90 seconds to 2 minutes on 2 cores with the fine-tune cached (PRESET_COSTS): the embedded
-    # presets' fine-tune (the same cache, so only the compression runs), then 2 rounds of 6 iterations to 70% of the
-    # linear layers, 8 recovery steps and 20 test problems. Budget from the `default` run's stage times
-    # (docs/benchmarks.md, 2 cores): whitening about 22 s (its SVDs are most of it), 12 iterations about 40 s, 8
-    # recovery steps about 18 s, two evaluations of 20 problems about 15 s, loading and saving about 13 s. On one H200
-    # it gave 80% -> 70% on its 20 problems at 1.31x (data/runs/tour).
+    # presets' fine-tune (the same cache, so only the compression runs), then 4 rounds of 3 iterations to 70% of the
+    # linear layers, 8 recovery steps and 20 test problems. 4 rounds of 3 rather than 2 of 6, at the same cost (171 s
+    # and 169 s of one thread): smaller cuts; 70% / loss 0.0343 against 55% / 0.0465 on its 20 problems (dense 80% /
+    # 0.0232; 2026-11-26, data/runs/tour).
     "tour": {
         **_EMBEDDED_CPU,
         "eval_examples": 20,
-        "compress": {"rounds": 2, "iters_per_epoch": 12, "sampling_ratio": 0.25, "target_ratio": 0.7,
+        "compress": {"rounds": 4, "iters_per_epoch": 12, "sampling_ratio": 0.25, "target_ratio": 0.7,
                      "calibration_batches": 4},
         "recover": {"steps": 8, "lr": 2e-5, "warmup_steps": 1},
     },
@@ -673,8 +672,8 @@ PRESET_COSTS: dict[str, PresetCost] = {
     "smoke": PresetCost("bsi compress", None, None, None,
                         "everything: a tiny random model for tests, its answers are noise"),
     "tour": PresetCost("bsi compress", None, None, None,
-                       "accuracy you can trust and size: 20 test problems (a paired interval some 20 points wide), "
-                       "2 pruning rounds of 6 iterations and 8 recovery steps, a mild 70% of the linear layers (1.31x)"),
+                       "accuracy you can trust and size: 20 test problems (a paired interval 40 points wide), 4 pruning "
+                       "rounds of 3 iterations and 8 recovery steps, a mild 70% of the linear layers (1.31x; 80% -> 70%)"),
     "default": PresetCost("bsi compress", 710, 891, "2026-11-25",
                           "nothing: the best trade found on 2 cores (1.82x at 92%, against the dense model's 84% "
                           "and its 95% with the same 96 recovery steps)",
