@@ -346,3 +346,13 @@ def test_a_shipped_run_reads_back_as_its_summary_says(name):
     counts = run.counts()
     assert counts["gained"] - counts["lost"] == round((compressed - dense) * len(run.rows))
     assert not list(folder.glob("*.safetensors"))  # no weights ship
+
+
+def test_a_partly_run_seed_is_not_where_a_view_across_methods_opens():
+    """The shipped study-quick holds seed 0 partly (bsi, basel) and seed 1 whole: views open on seed 1."""
+    sweep = answers.read_sweep_answers(ROOT / "data" / "sweeps" / "study-quick")
+    assert sweep.seeds == [0, 1]
+    assert sweep.methods_of(0) == ["bsi", "basel"] and set(sweep.methods_of(1)) == set(sweep.methods)
+    assert sweep.fullest_seed == 1
+    wins = sweep.beats("bsi", ["basel", "svd-llm"], 0.4, sweep.fullest_seed)  # every method is there to compare
+    assert all(0 <= i < sweep.problem_count(1) for i in wins)

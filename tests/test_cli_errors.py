@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from bsi.config import PRESETS
 from bsi.cli import COMMANDS, build_parser, crash_message, is_out_of_memory, main, memory_advice
 
 TINY = "tiny-random-llama"
+SHIPPED = Path(__file__).resolve().parents[1] / "data"  # the runs and sweeps that ship with bsi
 DTYPES = "auto, float32, bfloat16, float16"
 
 #: command -> [(arguments, words the one line must hold)]; {tmp} is the test's folder, {file} a file in it.
@@ -76,6 +78,12 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         (["--models", TINY, "--prompts", "{tmp}/none.jsonl"], "prompts file"),
         (["--models", TINY, "--prompts", "{prompts}", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
         (["--models", TINY, "--prompts", "{prompts}", "--dtype", "fp16"], "--dtype must be one of"),
+    ],
+    "answers": [
+        (["{tmp}/none"], "is not a folder"),
+        ([f"{SHIPPED}/runs/default", "--problem", "3"], "--problem read a sweep"),
+        ([f"{SHIPPED}/sweeps/study-quick", "--method", "bsi", "--beats", "basel"], "go together: add --size"),
+        ([f"{SHIPPED}/runs/tour", "--reference", "dense_recovered"], "run it again with --dense-recovery"),
     ],
     "spectrum": [
         (["--top-k", "0", "--out", "{tmp}/s"], "--top-k must be >= 1, got 0"),

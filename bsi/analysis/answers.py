@@ -265,6 +265,15 @@ class SweepAnswers:
         """The compressed methods, in the order of the sweep's rows."""
         return list(dict.fromkeys(r["method"] for r in self.rows if r["method"] != SWEEP_REFERENCE))
 
+    def methods_of(self, seed: int) -> list[str]:
+        """The compressed methods with a row for ``seed`` (a partly run seed holds fewer than :attr:`methods`)."""
+        return [m for m in self.methods if any(r["method"] == m and int(r["seed"]) == seed for r in self.rows)]
+
+    @property
+    def fullest_seed(self) -> int:
+        """The first seed holding the most methods: where a view across methods finds them all."""
+        return max(self.seeds, key=lambda s: (len(self.methods_of(s)), -s))
+
     def targets(self, method: str | None = None) -> list[float]:
         """The sizes of ``method`` (every compressed row's when None), largest first."""
         return sorted({float(r["target"]) for r in self.rows if r["method"] != SWEEP_REFERENCE

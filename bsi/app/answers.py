@@ -81,8 +81,9 @@ def run_view(folder: str, reference: str = "finetuned", which: str = ALL):
 # ------------------------------------------------------------------------------------------- a sweep
 def sweep_choices(sweep: SweepAnswers) -> dict:
     """What the sweep offers to pick from: seeds, methods, sizes and how many problems the first seed has."""
-    return {"seeds": sweep.seeds, "methods": sweep.methods, "targets": sweep.targets(),
-            "count": sweep.problem_count()}
+    seed = sweep.fullest_seed  # the view opens on a seed that holds every method it can
+    return {"seeds": sweep.seeds, "seed": seed, "methods": sweep.methods_of(seed), "targets": sweep.targets(),
+            "count": sweep.problem_count(seed)}
 
 
 def problem_view(sweep: SweepAnswers, index: int, seed: int | None = None) -> tuple[str, list[list]]:
@@ -201,7 +202,7 @@ def render(run_folder: str = "", sweep_folder: str = ""):
         try:
             sweep = read_sweep_answers(_folder(folder, "a sweep (`bsi sweep --out`)"))
             offer = sweep_choices(sweep)
-            text, rows = problem_view(sweep, 0)
+            text, rows = problem_view(sweep, 0, offer["seed"])
         except BSIError as err:
             return (f"**Error:** {err}", *blank, "", empty_problem)
         methods = offer["methods"]
@@ -210,7 +211,7 @@ def render(run_folder: str = "", sweep_folder: str = ""):
                   f"{', '.join(map(str, offer['seeds']))}; {offer['count']} answered problems per seed")
         first = "bsi" if "bsi" in methods else methods[0]
         shared = [t for t in offer["targets"] if all(t in sweep.targets(m) for m in methods)]  # every method has it
-        return (status, gr.update(choices=offer["seeds"], value=offer["seeds"][0]),
+        return (status, gr.update(choices=offer["seeds"], value=offer["seed"]),
                 gr.update(choices=methods, value=first),
                 gr.update(choices=methods, value=[m for m in methods if m != first]),
                 gr.update(choices=offer["targets"], value=(shared or offer["targets"])[0]), text, rows)
