@@ -671,7 +671,7 @@ class PresetCost:
 PRESET_COSTS: dict[str, PresetCost] = {
     "smoke": PresetCost("bsi compress", None, None, None,
                         "everything: a tiny random model for tests, its answers are noise"),
-    "tour": PresetCost("bsi compress", None, None, None,
+    "tour": PresetCost("bsi compress", 109, None, "2026-11-26",
                        "accuracy you can trust and size: 20 test problems (a paired interval 40 points wide), 4 pruning "
                        "rounds of 3 iterations and 8 recovery steps, a mild 70% of the linear layers (1.31x; 80% -> 70%)"),
     "default": PresetCost("bsi compress", 710, 891, "2026-11-25",

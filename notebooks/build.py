@@ -66,6 +66,10 @@ def load_times(path: Path = TIMES) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
+#: A 1-minute load average above this as a notebook started means other work shared the cores (the line says so).
+BUSY_LOAD = 0.5
+
+
 def runtime_line(stem: str, times: Mapping[str, Any]) -> str | None:
     """The run-time sentence for notebook ``stem`` from a times file, or None when it holds no entry for it.
 
@@ -90,7 +94,10 @@ def runtime_line(stem: str, times: Mapping[str, Any]) -> str | None:
     cores = f"{machine.get('cpu_cores', '?')} CPU cores"
     if machine.get("OMP_NUM_THREADS"):  # torch's threads were capped; by default it uses every core
         cores += f" (OMP_NUM_THREADS={machine['OMP_NUM_THREADS']})"
-    return f"Run time on {cores}: {'; '.join(parts)} ({entry.get('date') or times.get('date', 'undated')})."
+    shared = ""
+    if (entry.get("load_before") or 0) > BUSY_LOAD and entry.get("not_cached_s") is not None:
+        shared = f"; other work shared the cores, load {entry['load_before']:g} at the start: a quiet machine is faster"
+    return f"Run time on {cores}: {'; '.join(parts)} ({entry.get('date') or times.get('date', 'undated')}{shared})."
 
 
 def with_runtime(markdown: str, line: str | None) -> str:
