@@ -19,7 +19,6 @@ in the server's job board, so it works whether or not a compression is running.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from json import dumps as json_dumps
 from pathlib import Path
 
 from bsi.chat import ChatSession
@@ -201,28 +200,15 @@ PROMPT_HEADERS = ["#", "prompt", "task's answer", "compressed answer", "compress
 
 
 def prompt_examples(path: str) -> list[tuple[str, str | None]]:
-    """(question, answer or None) per prompt of a prompts file (``bsi compare``'s format), checked.
+    """(question, answer or None) per prompt of a prompts file, checked as ``bsi compare`` checks it.
 
-    The questions are :func:`bsi.analysis.compare.read_prompts`'s; a line's
+    :func:`bsi.analysis.compare.read_marked_prompts` reads it: a line's
     ``answer``, when it has one, must end with the number it is marked
     against (``"... #### 42"`` or ``"42"``), else a one-line error names the line.
     """
-    from bsi.analysis.compare import read_prompts
-    from bsi.data import extract_answer
-    from bsi.files import json_object
+    from bsi.analysis.compare import read_marked_prompts
 
-    questions = read_prompts(path)
-    if Path(path).suffix != ".jsonl":
-        return [(q, None) for q in questions]
-    lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    out = []
-    for number, (line, question) in enumerate(zip(lines, questions), start=1):
-        answer = json_object(line, number, path).get("answer")
-        if answer is not None and (not isinstance(answer, (str, int, float)) or extract_answer(str(answer)) is None):
-            raise BSIError(f"{path} line {number}: the answer {json_dumps(answer)} has no final number to mark "
-                           "against; write it as '... #### 42' or '42', or leave 'answer' out")
-        out.append((question, None if answer is None else str(answer)))
-    return out
+    return [(prompt.text, prompt.answer) for prompt in read_marked_prompts(path)]
 
 
 def prompts_table(session: Session, path: str, max_new_tokens: int = 96) -> Iterator[tuple[str, list[list]]]:
