@@ -66,8 +66,30 @@ def load_times(path: Path = TIMES) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-#: A 1-minute load average above this as a notebook started means other work shared the cores (the line says so).
+#: Other processes using more than this many cores on average during a notebook's run: the line says it was shared.
+BUSY_OTHER_CPU = 0.25
+#: For renders made before that was measured: a 1-minute load average above this as the notebook started.
 BUSY_LOAD = 0.5
+
+
+def shared_cores_note(entry: Mapping[str, Any]) -> str:
+    """``other work shared the cores ...`` when the first embedded run had company; empty on a quiet machine.
+
+    Measured (``other_cpu_cores``) where the render measured it; else the
+    load average at the start (``load_before``), which also counts the
+    previous notebook's own run, unless the entry says by hand that the
+    machine was quiet (``quiet``).
+    """
+    if entry.get("not_cached_s") is None:
+        return ""
+    if entry.get("other_cpu_cores") is not None:
+        if entry["other_cpu_cores"] > BUSY_OTHER_CPU:
+            return (f"other work shared the cores, {entry['other_cpu_cores']:g} of them on average: a quiet machine "
+                    "is faster")
+        return ""
+    if not entry.get("quiet") and (entry.get("load_before") or 0) > BUSY_LOAD:
+        return f"other work shared the cores, load {entry['load_before']:g} at the start: a quiet machine is faster"
+    return ""
 
 
 def runtime_line(stem: str, times: Mapping[str, Any]) -> str | None:
@@ -94,9 +116,7 @@ def runtime_line(stem: str, times: Mapping[str, Any]) -> str | None:
     cores = f"{machine.get('cpu_cores', '?')} CPU cores"
     if machine.get("OMP_NUM_THREADS"):  # torch's threads were capped; by default it uses every core
         cores += f" (OMP_NUM_THREADS={machine['OMP_NUM_THREADS']})"
-    shared = ""
-    if (entry.get("load_before") or 0) > BUSY_LOAD and entry.get("not_cached_s") is not None:
-        shared = f"; other work shared the cores, load {entry['load_before']:g} at the start: a quiet machine is faster"
+    shared = f"; {note}" if (note := shared_cores_note(entry)) else ""
     return f"Run time on {cores}: {'; '.join(parts)} ({entry.get('date') or times.get('date', 'undated')}{shared})."
 
 

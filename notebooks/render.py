@@ -56,7 +56,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import nbformat
 from jinja2 import DictLoader
@@ -109,9 +109,33 @@ build = _load_builder()
 
 
 # ------------------------------------------------------------------ running
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot, all cores summed (``/proc/stat``; None elsewhere)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have ended (the notebook kernels, once shut down)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class Execution(NamedTuple):
+    """One timed run of a notebook: the executed copy, its wall seconds, and how busy the rest of the machine was."""
+
+    notebook: nbformat.NotebookNode
+    seconds: float
+    other_cpu_cores: float | None  # CPU used meanwhile by other processes, in cores on average (None: not on Linux)
+
+
 def execute(notebook: nbformat.NotebookNode, model: str, cache: Path, workdir: Path,
-            timeout: int = 3600) -> tuple[nbformat.NotebookNode, float]:
-    """Run ``notebook`` (a copy) in a fresh kernel on ``model`` with the bsi cache ``cache``; (executed, seconds).
+            timeout: int = 3600) -> Execution:
+    """Run ``notebook`` (a copy) in a fresh kernel on ``model`` with the bsi cache ``cache``, timed.
 
     The kernel runs in ``workdir`` (also its ``TMPDIR``, so what a notebook
     leaves in temporary folders goes with it) with ``BSI_NOTEBOOK_MODEL``,
@@ -120,6 +144,12 @@ def execute(notebook: nbformat.NotebookNode, model: str, cache: Path, workdir: P
     cell, :data:`FIGURE_PROBE`, of milliseconds, whose output goes to the
     metadata ``bsi_figure_widgets``). A cell error raises (nbclient's
     CellExecutionError names the cell).
+
+    How much other work ran meanwhile is measured rather than guessed: the
+    machine's busy CPU seconds over the run, less this process's and its
+    finished children's (the kernel), divided by the wall time. A load
+    average taken at the start cannot tell the previous notebook's own run,
+    just ended, from another job.
     """
     nb = copy.deepcopy(notebook)
     nb.cells.append(nbformat.v4.new_code_cell(FIGURE_PROBE))
@@ -127,12 +157,15 @@ def execute(notebook: nbformat.NotebookNode, model: str, cache: Path, workdir: P
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=False,
                             resources={"metadata": {"path": str(workdir)}})
-    start = time.perf_counter()
+    busy_before, own_before, start = busy_cpu_seconds(), own_cpu_seconds(), time.perf_counter()
     client.execute(env=env)
     seconds = time.perf_counter() - start
+    busy_after = busy_cpu_seconds()
+    other = None if busy_before is None or busy_after is None else \
+        max(0.0, (busy_after - busy_before) - (own_cpu_seconds() - own_before)) / seconds
     probe = nb.cells.pop()
     nb.metadata[FIGURE_STATE] = json.loads("".join(o.text for o in probe.outputs if o.output_type == "stream"))
-    return nb, seconds
+    return Execution(nb, seconds, other)
 
 
 def fresh_cache(root: Path, with_embedded: bool) -> Path:
@@ -165,7 +198,9 @@ def measure(stem: str, notebook: nbformat.NotebookNode, model: str, scratch: Pat
     entry: dict[str, Any] = {"model": MODELS[model], "load_before": round(os.getloadavg()[0], 2)}
     if model == "embedded" if cached_and_not is None else cached_and_not:
         cache = fresh_cache(scratch, with_embedded=True)
-        executed, entry["not_cached_s"] = execute(notebook, model, cache, scratch)
+        executed, entry["not_cached_s"], other = execute(notebook, model, cache, scratch)
+        if other is not None:
+            entry["other_cpu_cores"] = round(other, 2)
         log(f"{stem}: {entry['not_cached_s']:.1f} s on the {model} model, nothing cached")
         entries = cache_entries(cache)
         entry.update(caches=bool(entries), cache_entries=sorted(entries))
@@ -176,11 +211,11 @@ def measure(stem: str, notebook: nbformat.NotebookNode, model: str, scratch: Pat
             entry.update(cached_s=entry["not_cached_s"] - known[0], cached_s_derived_from=known[1])
             log(f"{stem}: {entry['cached_s']:.1f} s with the same cache, less what {known[1]} measured it cost")
         else:
-            _, entry["cached_s"] = execute(notebook, model, cache, scratch)
+            entry["cached_s"] = execute(notebook, model, cache, scratch).seconds
             costs[entries] = (entry["not_cached_s"] - entry["cached_s"], stem)
             log(f"{stem}: {entry['cached_s']:.1f} s again, with what the first run cached")
         shutil.rmtree(cache)
-    tiny, entry["tiny_s"] = execute(notebook, TINY_MODEL, fresh_cache(scratch, with_embedded=False), scratch)
+    tiny, entry["tiny_s"], _ = execute(notebook, TINY_MODEL, fresh_cache(scratch, with_embedded=False), scratch)
     log(f"{stem}: {entry['tiny_s']:.1f} s on the tiny model")
     return (tiny if model == TINY_MODEL else executed), entry
 
@@ -200,8 +235,14 @@ HOW = {
                 "entries ('cache_entries', e.g. the same fine-tune), this notebook was run once: its cached time is "
                 "its not-cached time less what those entries cost there (that notebook's not-cached less cached time)",
     "tiny_s": "BSI_NOTEBOOK_MODEL=tiny-random-llama, a fresh kernel on a fresh cache (what CI runs)",
-    "load_before": "the machine's 1-minute load average as the notebook's first run started: above about 0.5, "
-                   "other work shared the cores and the times are longer than on a quiet machine",
+    "load_before": "the machine's 1-minute load average as the notebook's first run started (it also counts the "
+                   "previous notebook's own run, just ended: 'other_cpu_cores' is the measure the run-time line uses "
+                   "where present)",
+    "other_cpu_cores": "CPU used by other processes during the first run, in cores on average: the machine's busy "
+                       "CPU time (/proc/stat) less the render's and its kernel's; above 0.25, the run-time line says "
+                       "that other work shared the cores",
+    "quiet": "where present, stated by hand for a render made before 'other_cpu_cores' was measured, with "
+             "'quiet_how' saying how it is known",
 }
 
 
