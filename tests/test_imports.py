@@ -11,6 +11,7 @@ is not counted.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,3 +172,19 @@ def test_nothing_imports_upwards():
     upwards = sorted(f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
                      if layer_of(a) is not None and layer_of(b) is not None and layer_of(b) > layer_of(a))
     assert not upwards, f"imports against the layers of docs/architecture.md: {upwards}"
+
+
+def test_the_test_tiers_name_real_files_and_the_fast_tier_builds_no_model():
+    """`make test-fast` stays fast: its files exist and none of them builds or loads a model or runs a pipeline."""
+    from conftest import E2E_FILES, UNIT_FILES
+
+    tests = Path(__file__).resolve().parent
+    assert not UNIT_FILES & E2E_FILES
+    for name in UNIT_FILES | E2E_FILES:
+        assert (tests / name).is_file(), f"tests/conftest.py names {name}, which does not exist"
+    uses = ("make_tiny_" + "llama", "load_model_" + "and_tokenizer", "from_" + "pretrained", "Pipeline" + "(",
+            '"--' + 'preset"', "smoke_" + "app")  # spelt in pieces so that this file does not match itself
+    heavy = re.compile("|".join(re.escape(use) for use in uses))
+    for name in UNIT_FILES:
+        found = heavy.search((tests / name).read_text(encoding="utf-8"))
+        assert found is None, f"{name} is in the fast tier but uses {found.group()}: move it to the integration tier"

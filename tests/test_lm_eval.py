@@ -176,3 +176,29 @@ def test_generation_tasks_are_prompted_through_a_chat_template_when_the_tokenize
     (own_file / "chat_template.jinja").write_text("{{ messages }}")
     assert [harness.has_chat_template(f) for f in (plain, configured, own_file, tmp_path / "absent")] == \
         [False, True, True, False]
+
+
+def test_the_general_text_bench_scores_a_run_and_its_dense_model_and_the_docs_table_reads_it(smoke_export, tmp_path):
+    """bench/general_text.py on the smoke run: lm-eval on the run and its fine-tuned dense model, one JSON, one table."""
+    from bsi.cli.docs import general_text_table
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "general-text.json"
+    env = {**os.environ, **OFFLINE, "BSI_CACHE": str(smoke_export.parent / "cache")}
+    done = subprocess.run([sys.executable, str(root / "bench" / "general_text.py"), "--runs", str(smoke_export),
+                           "--limit", "1", "--no-shipped", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    (run,) = record["runs"]
+    assert run["preset"] == "smoke" and run["task"] == "qa" and record["embedded_as_shipped"] is None
+    assert len(run["dense_folder"]) == 16 and "/" not in run["dense_folder"]  # the cache key, not this machine's path
+    for model in ("dense", "compressed"):
+        assert run[model]["articles"] == 1 and 0 < run[model]["bits_per_byte"] < 8 and run[model]["word_perplexity"] > 1
+    assert run["dense"] != run["compressed"]  # two different models were scored
+
+    table = general_text_table(str(out))
+    row = next(line for line in table.splitlines() if line.startswith("| `smoke`"))
+    assert f"{run['compressed']['word_perplexity']:,.1f}" in row and f"{run['dense']['bits_per_byte']:.3f}" in row
+    assert "the first 1 WikiText-2 test articles" in table and "bench/general_text.py" in table
+    assert "Not measured yet" in general_text_table(str(tmp_path / "absent.json"))

@@ -174,10 +174,14 @@ def preset_line(name: str) -> str:
     """One line under the menu: the preset's measured cost on 2 cores and what it gives up for it."""
     from bsi.config import PRESET_COSTS
 
+    from bsi.shipped import general_text_costs, general_text_sentence
+
     cost = PRESET_COSTS.get(name)
     if cost is None:
         return f"**{name}**: not measured."
-    return f"**{name}**: {cost.time_text()}. Gives up: {cost.gives_up}."
+    text = general_text_costs().get(name)
+    tail = f" {general_text_sentence(text)}" if text else ""
+    return f"**{name}**: {cost.time_text()}. Gives up: {cost.gives_up}.{tail}"
 
 
 def size_mode_line(mode: str) -> str:

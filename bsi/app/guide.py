@@ -17,12 +17,16 @@ from bsi.app.form import QUICK_PRESET, preset_order
 def presets_markdown() -> str:
     """Every preset with its measured time on 2 cores and what it gives up for it, as a Markdown table."""
     from bsi.config import PRESET_COSTS
+    from bsi.shipped import general_text_costs, general_text_sentence
 
+    text = general_text_costs()
     lines = ["| preset | measured time (2 cores) | what it gives up |", "|---|---|---|"]
     for name in preset_order():
         cost = PRESET_COSTS.get(name)
         time = cost.time_text() if cost else "not measured"
-        lines.append(f"| `{name}` | {time} | {cost.gives_up if cost else ''} |")
+        gives_up = " ".join(filter(None, [cost.gives_up if cost else "",
+                                          general_text_sentence(text[name]) if name in text else ""]))
+        lines.append(f"| `{name}` | {time} | {gives_up} |")
     return "\n".join(lines)
 
 

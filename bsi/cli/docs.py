@@ -33,6 +33,10 @@ The generators (:data:`GENERATORS`):
 * ``preset-costs``: every preset's measured wall time on 2 CPU cores and
   what it gives up for it, from :data:`bsi.config.PRESET_COSTS`
   (docs/benchmarks.md), so that each figure is stated once.
+* ``shipped NAME``: the tables of a sweep shipped in ``data/sweeps/NAME``.
+* ``general-text``: what each preset costs on general text (lm-eval's
+  WikiText-2 word perplexity of each run and its dense model), from
+  ``data/general-text.json``, which ``bench/general_text.py`` writes.
 
 Only ``defaults`` and ``preset-costs`` import torch (through
 :mod:`bsi.teaching` and :mod:`bsi.progress`).
@@ -50,7 +54,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC_FILES = ("docs/cli.md", "docs/architecture.md", "docs/benchmarks.md", "README.md", "docs/results/study-quick.md")
+DOC_FILES = ("docs/cli.md", "docs/architecture.md", "docs/benchmarks.md", "README.md", "docs/results/study-quick.md",
+             "docs/ecosystem.md")
 """The files with generated parts, relative to the repository root."""
 
 START = re.compile(r"^<!-- generated: (?P<what>[^()]+?) \(python -m bsi\.cli\.docs\) -->$", re.MULTILINE)
@@ -315,11 +320,49 @@ def shipped_tables(name: str) -> str:
     return study_tables(name, ROOT / "data")
 
 
+def _own_task(metrics: dict, task: str) -> str:
+    """A run's metric on its own task: accuracy and loss (qa) or token perplexity (text)."""
+    if task == "text":
+        return f"perplexity {metrics['perplexity']:.2f}"
+    return f"{100 * metrics['accuracy']:.0f}% / {metrics['loss']:.4f}"
+
+
+def general_text_table(path: str = "data/general-text.json") -> str:
+    """What each preset costs on general text, from ``bench/general_text.py``'s JSON: one row per run.
+
+    Each row: the preset, the task it compressed for, its size, its own task
+    before and after, and lm-eval's WikiText-2 word perplexity and bits per
+    byte of its fine-tuned dense model and of the compressed model.
+    """
+    import json
+
+    file = ROOT / path
+    if not file.is_file():
+        return f"Not measured yet: `python bench/general_text.py --runs FOLDER ... --out {path}` measures it."
+    record = json.loads(file.read_text(encoding="utf-8"))
+    rows = ["| preset | compressed for | whole model | its own task: dense -> compressed | WikiText-2 word perplexity: "
+            "dense -> compressed | bits per byte |", "|---|---|---|---|---|---|"]
+    for run in record["runs"]:
+        own = f"{_own_task(run['before'], run['task'])} -> {_own_task(run['after'], run['task'])}"
+        dense, compressed = run["dense"], run["compressed"]
+        rows.append(f"| `{run['preset']}` | {run['data']} ({run['task']}) | {run['compression_ratio']:.2f}x | {own} "
+                    f"| {dense['word_perplexity']:,.1f} -> **{compressed['word_perplexity']:,.1f}** "
+                    f"| {dense['bits_per_byte']:.3f} -> {compressed['bits_per_byte']:.3f} |")
+    shipped = record.get("embedded_as_shipped")
+    tail = (f"The embedded model as shipped, before any fine-tune: word perplexity {shipped['word_perplexity']:.2f}, "
+            f"{shipped['bits_per_byte']:.3f} bits per byte. " if shipped else "")
+    rows += ["", f"{tail}lm-eval {record['lm_eval_version']}, task `{record['task']}`, the first "
+                 f"{record['articles']} WikiText-2 test articles, {record['date']}; own task: accuracy / answer-token "
+                 "loss (qa) or token perplexity (text) from the run's `summary.json`. Measured with "
+                 f"`{record['command']}`."]
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------ filling the files
 GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": json_only, "presets": preset_table,
                                              "modules": module_map, "defaults": defaults_table,
                                              "walkthroughs": walkthrough_list, "preset-costs": preset_cost_table,
-                                             "shipped": shipped_tables}
+                                             "shipped": shipped_tables, "general-text": general_text_table}
 
 
 def generate(what: str) -> str:
