@@ -152,8 +152,11 @@ def ship_sweep(source: str | Path, name: str, command: str, root: Path = DATA) -
     Every row's outcome file must be readable and hold answers
     (:class:`bsi.analysis.answers.SweepAnswers`); each seed's test problems
     (``outcomes/problems-s<seed>.json``) are copied, or rebuilt from the
-    sweep's configuration where the sweep predates them. The sweep's lock
-    file and ``figure.html`` stay behind.
+    sweep's configuration where the sweep predates them. A text sweep's
+    outcome files hold each held-out window's summed loss and token count
+    instead (no answers, no problems): they must be readable and cover the
+    windows the row scored. The sweep's lock file and ``figure.html`` stay
+    behind.
 
     Raises:
         BSIError: a folder that is not a finished sweep, or an unreadable outcome file.
@@ -165,9 +168,10 @@ def ship_sweep(source: str | Path, name: str, command: str, root: Path = DATA) -
     if missing:
         raise BSIError(f"'{source}' is not a finished sweep (no {', '.join(missing)}): give the --out folder of a "
                        "`bsi sweep` that has written its statistics")
-    answers = SweepAnswers(source)  # every outcome file is read below; this checks that they hold answers
     rows = [json.loads(line) for line in (source / "results.jsonl").read_text(encoding="utf-8").splitlines()
             if line.strip()]
+    text = any(row.get("perplexity") is not None for row in rows)  # a text task: per-window losses, no answers
+    answers = None if text else SweepAnswers(source)  # every outcome file is read below; this checks they hold answers
     config = json.loads((source / "sweep.json").read_text(encoding="utf-8"))["config"]
     target = root / "sweeps" / name
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -177,9 +181,12 @@ def ship_sweep(source: str | Path, name: str, command: str, root: Path = DATA) -
         (tmp / "outcomes").mkdir()
         for row in rows:
             if row.get("outcomes"):
-                answers.columns(row)  # a one-line error if unreadable
+                if text:
+                    _check_window_losses(source / row["outcomes"], row)
+                else:
+                    answers.columns(row)  # a one-line error if unreadable
                 shutil.copyfile(source / row["outcomes"], tmp / row["outcomes"])
-        for seed in sorted({int(row["seed"]) for row in rows}):
+        for seed in sorted({int(row["seed"]) for row in rows} if not text else ()):
             problems = Path("outcomes") / PROBLEMS.format(seed=seed)
             if (source / problems).is_file():
                 shutil.copyfile(source / problems, tmp / problems)
@@ -190,6 +197,19 @@ def ship_sweep(source: str | Path, name: str, command: str, root: Path = DATA) -
                 atomic_write_json(tmp / problems, {k: v[:count] for k, v in rebuilt.items()})
         atomic_write_text(tmp / "command.txt", _provenance(command, source))
     return target
+
+
+def _check_window_losses(path: Path, row: dict) -> None:
+    """A text row's outcome file: one summed loss and one token count per scored window (a one-line error if not)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        windows = len(data["loss_sum"])
+        ok = windows == len(data["tokens"]) == int(row.get("loss_examples") or windows) and windows > 0
+    except (OSError, ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise BSIError(f"'{path}' is not a readable text outcome file (per-window loss_sum and tokens for the "
+                       f"{row.get('loss_examples')} windows its row scored): re-run that cell of the sweep")
 
 
 def study_tables(name: str = FIRST_SWEEP, root: Path = DATA) -> str:

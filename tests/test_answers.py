@@ -328,6 +328,8 @@ def test_a_shipped_sweeps_tables_come_from_its_rows_and_outcomes(name, tmp_path)
     assert json.loads((copy / "stats.json").read_text()) == json.loads((shipped / "stats.json").read_text())
     assert (copy / "results.md").read_text() == (shipped / "results.md").read_text()
     assert study_tables(name) == (shipped / "results.md").read_text().strip()
+    if any(json.loads(line).get("perplexity") is not None for line in (shipped / "results.jsonl").open()):
+        return  # a text sweep: per-window losses, which the tables above were recomputed from; no answers
     answers = SweepAnswers(shipped)
     for seed in answers.seeds:  # every seed's problems, every row's answers
         problem = answers.problem(answers.problem_count(seed) - 1, seed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -323,3 +324,28 @@ def test_a_sweep_on_text_must_evaluate_and_recover_to_add_rows_before_recovery(t
     assert "eval_windows must not be 0" in capsys.readouterr().err
     assert main([*base, "--also-unrecovered", "--recover-steps", "0"]) == 2
     assert "every row is already unrecovered" in capsys.readouterr().err
+
+
+def test_a_text_sweep_ships_with_its_per_window_losses_and_its_tables_recompute(text_sweep, tmp_path):
+    """`python -m bsi.shipped sweep` on a text sweep: no answers or problems to copy, every window's loss instead."""
+    from bsi.config import PipelineConfig, SweepConfig
+    from bsi.errors import BSIError
+    from bsi.pipeline.sweep import Sweep
+    from bsi.shipped import ship_sweep, study_tables
+
+    shipped = ship_sweep(text_sweep, "text", "bsi sweep --preset text", root=tmp_path / "data")
+    rows = _lines(shipped / "results.jsonl")
+    assert sorted(p.name for p in (shipped / "outcomes").iterdir()) == sorted(Path(r["outcomes"]).name for r in rows)
+    assert not list((shipped / "outcomes").glob("problems-*")) and not (shipped / "figure.html").exists()
+    saved = json.loads((shipped / "sweep.json").read_text())
+    copy = tmp_path / "again"
+    shutil.copytree(shipped, copy)
+    Sweep(PipelineConfig.from_dict(saved["config"]), SweepConfig.from_dict(saved["settings"]), copy).write()
+    assert (copy / "results.md").read_text() == (shipped / "results.md").read_text()  # from the shipped files alone
+    assert study_tables("text", tmp_path / "data") == (shipped / "results.md").read_text().strip()
+
+    broken = tmp_path / "broken"
+    shutil.copytree(text_sweep, broken)
+    (broken / rows[-1]["outcomes"]).write_text('{"loss_sum": [1.0]}')
+    with pytest.raises(BSIError, match="not a readable text outcome file"):
+        ship_sweep(broken, "text", "bsi sweep --preset text", root=tmp_path / "data2")

@@ -320,8 +320,10 @@ def shipped_tables(name: str) -> str:
     return study_tables(name, ROOT / "data")
 
 
-def _own_task(metrics: dict, task: str) -> str:
-    """A run's metric on its own task: accuracy and loss (qa) or token perplexity (text)."""
+def _own_task(metrics: dict | None, task: str) -> str:
+    """A run's metric on its own task: accuracy and loss (qa) or token perplexity (text); "-" when not evaluated."""
+    if not metrics or metrics.get("loss") is None:
+        return "-"
     if task == "text":
         return f"perplexity {metrics['perplexity']:.2f}"
     return f"{100 * metrics['accuracy']:.0f}% / {metrics['loss']:.4f}"
