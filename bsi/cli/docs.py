@@ -55,7 +55,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = ("docs/cli.md", "docs/architecture.md", "docs/benchmarks.md", "README.md", "docs/results/study-quick.md",
-             "docs/ecosystem.md")
+             "docs/ecosystem.md", "docs/results/text.md")
 """The files with generated parts, relative to the repository root."""
 
 START = re.compile(r"^<!-- generated: (?P<what>[^()]+?) \(python -m bsi\.cli\.docs\) -->$", re.MULTILINE)
