@@ -173,7 +173,6 @@ def preset_label(name: str) -> str:
 def preset_line(name: str) -> str:
     """One line under the menu: the preset's measured cost on 2 cores and what it gives up for it."""
     from bsi.config import PRESET_COSTS
-
     from bsi.shipped import general_text_costs, general_text_sentence
 
     cost = PRESET_COSTS.get(name)
