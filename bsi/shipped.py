@@ -80,11 +80,15 @@ def general_text_costs(root: Path = DATA) -> dict[str, dict]:
     word perplexity and bits per byte of its fine-tuned dense model
     (``dense``) and of the compressed model (``compressed``).
     """
-    path = root / GENERAL_TEXT
-    if not path.is_file():
+    record = read_general_text(root / GENERAL_TEXT)
+    if record is None:
         return {}
-    record = json.loads(path.read_text(encoding="utf-8"))
     return {row["preset"]: row | {"articles": record["articles"]} for row in record["runs"]}
+
+
+def read_general_text(path: Path) -> dict | None:
+    """The whole record ``bench/general_text.py`` wrote to ``path`` (runs, lm-eval version, command), or None."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def general_text_sentence(row: dict) -> str:

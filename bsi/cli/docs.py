@@ -336,12 +336,11 @@ def general_text_table(path: str = "data/general-text.json") -> str:
     before and after, and lm-eval's WikiText-2 word perplexity and bits per
     byte of its fine-tuned dense model and of the compressed model.
     """
-    import json
+    from bsi.shipped import read_general_text
 
-    file = ROOT / path
-    if not file.is_file():
+    record = read_general_text(ROOT / path)
+    if record is None:
         return f"Not measured yet: `python bench/general_text.py --runs FOLDER ... --out {path}` measures it."
-    record = json.loads(file.read_text(encoding="utf-8"))
     rows = ["| preset | compressed for | whole model | its own task: dense -> compressed | WikiText-2 word perplexity: "
             "dense -> compressed | bits per byte |", "|---|---|---|---|---|---|"]
     for run in record["runs"]:
