@@ -81,9 +81,10 @@ def test_compress_times_every_stage_and_its_run_is_the_pipelines_own(isolated_ca
 
 
 def test_compress_stops_at_its_budget_and_keeps_what_it_measured(isolated_cache, tmp_path, report):
+    # The smoke run takes about 1 s on 2 cores (load 0.05 s): a 0.5 s budget stops it after its load, mid-run.
     script = load("bench/gpu_compress.py", "bench_gpu_compress")
     out = tmp_path / "c.json"
-    assert script.main(["--runs", "smoke:float32,smoke:bfloat16", "--device", "cpu", "--budget", "1",
+    assert script.main(["--runs", "smoke:float32,smoke:bfloat16", "--device", "cpu", "--budget", "0.5",
                         "--min-start", "0", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     first = result["runs"][0]
