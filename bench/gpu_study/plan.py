@@ -63,8 +63,9 @@ class Piece:
         return sum(c.expect_s for c in self.calls if not c.optional) + 90  # a start: 1-2 minutes
 
 
-SETUP = Call((".gpu-a",), "bash bench/gpu_study/setup.sh", 120, 20, "keep model half a (and the sweep copy), install "
-             "gguf, plotly, narwhals, check bsi imports")
+SETUP_A = Call((".gpu-a",), "bash bench/gpu_study/setup.sh", 120, 20, "keep model part a (and the sweep copy), install "
+               "gguf, check bsi imports")
+SETUP_A2 = Call((".gpu-a2",), "bash bench/gpu_study/setup.sh", 120, 15, "keep model part a2, install plotly")
 
 
 def sweep_call(flags: list[str], seconds: int, what: str, resume: bool = False) -> Call:
@@ -77,13 +78,13 @@ def sweep_call(flags: list[str], seconds: int, what: str, resume: bool = False) 
 PIECES = (
     Piece(1, "1: `bsi compress` in bf16 and fp32 (default, demo) + bf16 rounds against fp32",
           "bash bench/gpu_study/prepare.sh",
-          (SETUP, Call((".gpu-b",), "BUDGET=510 bash bench/gpu_study/compress.sh", 570, 420,
+          (SETUP_A, SETUP_A2, Call((".gpu-b",), "BUDGET=510 bash bench/gpu_study/compress.sh", 570, 420,
                        "join and install the model, 4 compress runs (2 fine-tunes), then bf16_rounds on `default`")),
           "python bench/gpu_report.py <files>/compress.json <files>/bf16.json --cpu default=data/runs/default "
           "--cpu demo=runs/demo", "compress.json, bf16.json, compress.log"),
     Piece(2, "2: study seed 3, then seed 4 if the piece has 8 minutes left (bsi, basel, svd-llm; tuned; float32)",
           "bash bench/gpu_study/prepare.sh runs/study",
-          (SETUP, sweep_call(SEEDS + ["--seeds", "3"], 420, "seed 3: 20 cells, 3 paths (about 5.5 min)"),
+          (SETUP_A, SETUP_A2, sweep_call(SEEDS + ["--seeds", "3"], 420, "seed 3: 20 cells, 3 paths (about 5.5 min)"),
            sweep_call(SEEDS + ["--seeds", "4"], 420, "only with 8 minutes of device time left: seed 4 into the same "
                                                      "copy (each seed on one machine)", resume=True)),
           "for f in <files of each call>/study.tgz; do rm -rf /tmp/study; tar xzf $f -C /tmp && "
@@ -91,19 +92,19 @@ PIECES = (
           "study.tgz from each sweep call (the folder and sweep.log)"),
     Piece(3, "2: the seeds piece 2 left (5, and 4 if it did not run)",
           "bash bench/gpu_study/prepare.sh runs/study   # the merged folder",
-          (SETUP, sweep_call(SEEDS + ["--seeds", "5"], 420, "seed 5"),
+          (SETUP_A, SETUP_A2, sweep_call(SEEDS + ["--seeds", "5"], 420, "seed 5"),
            sweep_call(SEEDS + ["--seeds", "4"], 420, "seed 4, if piece 2 did not run it", resume=True)),
           "as piece 2", "study.tgz from each sweep call"),
     Piece(4, "3: the published engine on its schedule, seed 0 (bsi, then basel)",
           "bash bench/gpu_study/prepare.sh   # later pieces: prepare.sh runs/study-paper-40x12",
-          (SETUP, sweep_call(PAPER_SCHEDULE + ["--methods", "bsi,basel", "--seeds", "0"], 540,
+          (SETUP_A, SETUP_A2, sweep_call(PAPER_SCHEDULE + ["--methods", "bsi,basel", "--seeds", "0"], 540,
                              "bsi's 40-round path (estimated 5-10 min), then basel's as far as SWEEP_S goes")),
           "tar xzf <files>/study.tgz -C /tmp && bsi sweep --preset study --protocols paper --rounds 40 "
           "--iters-per-epoch 480 --sampling-ratio 0.17 --out runs/study-paper-40x12 --merge /tmp/study; "
           "python bench/gpu_report.py --sweep runs/study-paper-40x12 --against runs/study",
           "study.tgz (sweep.log has every round's time)"),
     Piece(5, "4: the dashboard on the GPU, a `default` run from Start to Done", "DASHBOARD=1 bash bench/gpu_study/prepare.sh",
-          (SETUP, Call((".gpu-b",), "bash bench/gpu_study/install.sh", 90, 40, "join, install, convert the model"),
+          (SETUP_A, SETUP_A2, Call((".gpu-b",), "bash bench/gpu_study/install.sh", 90, 40, "join, install, convert the model"),
            Call((".gpu-c",), "BUDGET=420 bash bench/gpu_study/dashboard.sh", 480, 200,
                 "install gradio, start app.py, drive a default run (fine-tune included: a fresh cache)")),
           "python bench/gpu_report.py <files>/dashboard.json", "dashboard.json, dashboard.log"),

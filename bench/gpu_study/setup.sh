@@ -1,12 +1,13 @@
 #!/bin/bash
-# GPU call 1 (carry .gpu-a; see README.md): keep the first half of the embedded model's wheel (and the sweep
+# GPU calls 1 and 2 (carry .gpu-a, then .gpu-a2; see README.md): keep the first two parts of the embedded model's wheel (and the sweep
 # folder to extend, if prepare.sh was given one) in /tmp, install the pure-Python packages the GPU image lacks,
 # and check that bsi imports there.
 set -u
 M=/tmp/bsi-model; P=/tmp/bsi-py
-mkdir -p $M $P && cp -r .gpu-a/. $M/ || exit 3
+mkdir -p $M $P && for d in .gpu-a .gpu-a2; do [ ! -d $d ] || cp -r $d/. $M/ || exit 3; done
 if [ -f $M/study.tgz ]; then rm -rf $M/study && mkdir -p $M/study && tar xzf $M/study.tgz -C $M/study || exit 3; fi
 for pkg in gguf narwhals plotly; do
+  ls $M/$pkg-*.whl >/dev/null 2>&1 || continue  # its wheel comes with the other call
   python -c "import $pkg" 2>/dev/null && echo "$pkg: on the image" && continue
   pip install -q --no-deps --no-index --target $P $M/$pkg-*.whl 2>&1 | grep -v "is ignored" | tail -2
 done

@@ -66,6 +66,12 @@ def finetune(
     finite is skipped: its gradients are dropped, nothing is updated and the
     report says ``skipped=True``.
 
+    A bf16 (or float16) parameter is trained through a float32 *master copy*
+    (:class:`FloatMasters`): AdamW updates the copy and the parameter takes
+    its rounded value. Updating the bf16 weight itself would lose every update
+    below half a bf16 step (about ``2**-9`` of the weight), which at
+    fine-tuning learning rates is most of them.
+
     Args:
         parameters: what to train; by default every parameter with
             ``requires_grad``. Others keep their values.
@@ -82,16 +88,54 @@ def finetune(
         raise BSIError(f"{stage}: steps must be >= 0, got {steps}")
     if lr <= 0:
         raise BSIError(f"{stage}: the learning rate must be positive, got {lr}")
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    masters = FloatMasters(params)
+    optimizer = torch.optim.AdamW(masters.trained, lr=lr, weight_decay=weight_decay)
     clip = max_grad_norm if max_grad_norm else math.inf  # inf: measure the norm, never scale
-    return _steps(model, stream, optimizer, params, steps, lr, warmup_steps, clip, stage, loss_fn)
+    return _steps(model, stream, optimizer, masters, steps, lr, warmup_steps, clip, stage, loss_fn)
+
+
+class FloatMasters:
+    """Float32 master copies of the low-precision parameters among ``params``.
+
+    ``trained`` is what the optimizer updates: a float32 parameter itself, and
+    for each bf16/float16 parameter a float32 copy of it. After ``backward``,
+    :meth:`gradients_to_masters` moves each low-precision gradient onto its
+    copy (in float32); after the optimizer step, :meth:`masters_to_model`
+    writes the copies back, rounded to the parameter's dtype. A model that is
+    float32 throughout gets no copies and no extra memory.
+    """
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+        self.trained: list[nn.Parameter] = [
+            p if p.dtype == torch.float32 or not p.is_floating_point() else nn.Parameter(p.detach().float().clone())
+            for p in params
+        ]
+        self.pairs = [(p, m) for p, m in zip(params, self.trained) if m is not p]
+
+    def gradients_to_masters(self) -> None:
+        """Move each low-precision parameter's gradient to its master copy, as float32."""
+        for param, master in self.pairs:
+            master.grad = None if param.grad is None else param.grad.float()
+            param.grad = None
+
+    @torch.no_grad()
+    def masters_to_model(self) -> None:
+        """Write each master copy back into its parameter (rounded to the parameter's dtype)."""
+        for param, master in self.pairs:
+            param.copy_(master)
+
+    def zero_grad(self) -> None:
+        """Drop the gradients of the parameters and of their master copies."""
+        for p in self.params + [m for _, m in self.pairs]:
+            p.grad = None
 
 
 def _steps(
     model: nn.Module,
     stream: BatchStream,
     optimizer: torch.optim.Optimizer,
-    params: list[nn.Parameter],
+    masters: FloatMasters,
     steps: int,
     lr: float,
     warmup_steps: int,
@@ -110,12 +154,14 @@ def _steps(
             finite = bool(torch.isfinite(loss))
             if loss.requires_grad:  # also when not finite: multi-process gradient hooks need every rank
                 loss.backward()
+            masters.gradients_to_masters()
             if finite:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+                grad_norm = torch.nn.utils.clip_grad_norm_(masters.trained, clip)
                 finite = bool(torch.isfinite(grad_norm))
             if finite:
                 optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+                masters.masters_to_model()
+            masters.zero_grad()
             yield StepReport(
                 stage=stage,
                 step=step,
@@ -125,5 +171,5 @@ def _steps(
                 skipped=not finite,
             )
     finally:
-        optimizer.zero_grad(set_to_none=True)
+        masters.zero_grad()
         model.eval()
