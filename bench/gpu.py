@@ -68,6 +68,7 @@ from common import interleave  # noqa: E402
 
 from bsi.config import CompressConfig  # noqa: E402
 from bsi.files import atomic_write_json  # noqa: E402
+from bsi.method.bases import thin_svd  # noqa: E402
 from bsi.method.engine import Compressor  # noqa: E402
 from bsi.method.curvature import profile_batch  # noqa: E402
 from bsi.method.layers import LowRankLinear  # noqa: E402
@@ -441,7 +442,8 @@ def bench_svd(args, deadline: float) -> dict:
 
     ways = {"float32, one at a time": lambda x: [torch.linalg.svd(w, full_matrices=False) for w in x],
             "float32, batched": lambda x: torch.linalg.svd(x, full_matrices=False),
-            "float64, one at a time": lambda x: [torch.linalg.svd(w.double(), full_matrices=False) for w in x]}
+            "float64, one at a time": lambda x: [torch.linalg.svd(w.double(), full_matrices=False) for w in x],
+            "bsi's thin_svd, one at a time": lambda x: [thin_svd(w) for w in x]}  # what the conversion runs
     if device.type == "cuda":
         for driver in ("gesvd", "gesvdj", "gesvda"):
             ways[f"float32, batched, {driver}"] = lambda x, d=driver: torch.linalg.svd(x, full_matrices=False, driver=d)

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from bsi.analysis.stats import (Outcomes, paired_difference, per_seed_differences, seed_interval,  # noqa: E402
                                 value_interval)
 from bsi.analysis.study import folder_loader, interval_text, recovered  # noqa: E402
+from bsi.config import PRESET_COSTS  # noqa: E402
 from bsi.errors import BSIError  # noqa: E402
 
 STAGES = ("load", "finetune", "conversion", "rounds", "recovery", "evaluation", "save")
@@ -98,22 +99,51 @@ def compress_table(result: dict, cpu: dict[str, dict]) -> str:
               "|---|---|" + "---|" * (len(STAGES) + 5)]
     for run in result["runs"]:
         stages = run.get("stages", {})
-        ref = cpu.get(run["preset"])
-        cpu_total = ref["summary"].get("seconds") if ref else None
+        cpu_total = preset_cpu_seconds(run["preset"], bool(run.get("finetune_cached")))
         total = run.get("seconds")
         speed = f"{cpu_total / total:.1f}x" if cpu_total and total else "-"
         peak = run.get("memory", {}).get("peak_gib")
         lines.append(f"| `{run['preset']}` | {run['dtype']} | " + " | ".join(seconds(stages.get(s)) for s in STAGES)
                      + f" | {seconds(run.get('first_round_s'))} | {seconds(total)} | {seconds(cpu_total)} | {speed} | "
                        f"{'-' if peak is None else f'{peak:.1f}'} |")
-    for preset, ref in cpu.items():
-        config = ref["summary"].get("config", {})
-        extra = " and the equal-budget dense recovery (not in the GPU runs)" if config.get("dense_recovery") else ""
-        lines += ["", f"CPU total of `{preset}`: its summary.json's `seconds`, the whole run{extra}; whether its "
-                      "fine-tune came from the cache is not recorded there: compare the GPU's stages without it."]
+    dtype_rows = dtype_differences(result["runs"])
+    if dtype_rows:
+        lines += ["", "bf16 against float32 on this device, the same preset and test problems (paired bootstrap 95% "
+                      "intervals; each dtype fine-tunes its own dense model):", "",
+                  "| preset | model | accuracy bf16 / fp32 | bf16 - fp32 (points) | loss bf16 - fp32 |", "|---|---|---|---|---|"]
+        lines += dtype_rows
+    lines += ["", "CPU total: the preset's measured `bsi compress` time on 2 cores (`bsi.config.PRESET_COSTS`), "
+                  "with an empty cache where the GPU run fine-tuned, with the fine-tune cached where it did not."]
     if result.get("not_run"):
         lines += ["", f"Not run (budget): {', '.join(result['not_run'])}."]
     return "\n".join(lines)
+
+
+def preset_cpu_seconds(preset: str, finetune_cached: bool) -> float | None:
+    """The preset's measured 2-core CPU time, cached or not as the GPU run was (None where not measured)."""
+    cost = PRESET_COSTS.get(preset)
+    if cost is None:
+        return None
+    return cost.cached_seconds if finetune_cached else cost.uncached_seconds
+
+
+def dtype_differences(runs: list[dict]) -> list[str]:
+    """Table rows: each preset's bf16 run minus its float32 run, dense fine-tuned and compressed, paired."""
+    by_key = {(run["preset"], run["dtype"]): run for run in runs if run.get("outcomes")}
+    rows = []
+    for (preset, dtype), bf16 in by_key.items():
+        fp32 = by_key.get((preset, "float32"))
+        if dtype != "bfloat16" or fp32 is None or fp32.get("questions_sha") != bf16.get("questions_sha"):
+            continue
+        for stage in ("finetuned", "recovered"):
+            if not (bf16["outcomes"].get(stage) and fp32["outcomes"].get(stage)):
+                continue
+            a, b = Outcomes.from_columns(bf16["outcomes"][stage]), Outcomes.from_columns(fp32["outcomes"][stage])
+            acc = interval_text(paired_difference([a], [b], "accuracy").to_dict(), 100, 1, signed=True)
+            loss = interval_text(paired_difference([a], [b], "loss").to_dict(), 1, 4, signed=True)
+            name = "dense, fine-tuned" if stage == "finetuned" else "compressed, recovered"
+            rows.append(f"| `{preset}` | {name} | {100 * a.accuracy():.0f}% / {100 * b.accuracy():.0f}% | {acc} | {loss} |")
+    return rows
 
 
 def bf16_table(result: dict) -> str:

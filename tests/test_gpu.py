@@ -39,3 +39,15 @@ def test_bf16_compression_on_cuda_keeps_sigma_fp32(tmp_path, scope):
     loaded.set_attn_implementation("eager")
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits.float(), before, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("shape", [(96, 96), (64, 160), (160, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_thin_svd_on_cuda_reconstructs_the_matrix_and_matches_the_cpu_singular_values(shape, dtype):
+    from bsi.method.bases import SVD_TOLERANCE, thin_svd
+    w = torch.randn(*shape, generator=torch.Generator().manual_seed(0), dtype=dtype)  # (out, in)
+    u, s, vh = thin_svd(w.cuda())  # (out, r), (r,), (r, in)
+    error = torch.linalg.matrix_norm((u * s) @ vh - w.cuda()) / torch.linalg.matrix_norm(w.cuda())
+    assert float(error) <= SVD_TOLERANCE[dtype]
+    assert torch.allclose(s.cpu(), torch.linalg.svdvals(w), rtol=1e-4)
+    assert torch.all(s[:-1] >= s[1:])

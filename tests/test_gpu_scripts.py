@@ -78,6 +78,13 @@ def test_compress_times_every_stage_and_its_run_is_the_pipelines_own(isolated_ca
     fp32_row = next(line for line in table.splitlines() if line.startswith("| `smoke` | float32 | yes"))
     assert "+0.0 [+0.0, +0.0]" in fp32_row and "+0.0000 [+0.0000, +0.0000]" in fp32_row
     assert "| load | finetune | conversion | rounds | recovery | evaluation | save |" in table
+    # bf16 minus float32 on the same machine, paired on the same problems: the difference of the two runs' figures
+    dtype_rows = [line for line in table.splitlines() if line.startswith("| `smoke` | ")]
+    recovered = next(line for line in dtype_rows if "compressed, recovered" in line)
+    diff = 100 * (bf16["metrics"]["recovered"]["accuracy"] - fp32["metrics"]["recovered"]["accuracy"])
+    assert f"{diff:+.1f} [" in recovered
+    times = next(line for line in table.splitlines() if line.startswith("| `smoke` | float32 |") and "yes" not in line)
+    assert times.split(" | ")[-3:-1] == ["-", "-"]  # CPU total, speed-up: PRESET_COSTS has no figure for smoke
 
 
 def test_compress_stops_at_its_budget_and_keeps_what_it_measured(isolated_cache, tmp_path, report):

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from bsi.method.bases import svd_bases
+from bsi.method.bases import svd_bases, thin_svd
 from bsi.method.layers import BasisLinear, LowRankLinear
 
 
@@ -103,3 +103,9 @@ def test_shipped_low_rank_layer_matches_the_library_one(bias):
     shipped.load_state_dict(ours.state_dict())
     x = torch.randn(3, 7, 30)
     assert torch.equal(shipped(x), ours(x))
+
+
+def test_thin_svd_on_the_cpu_is_torch_svd():
+    w = torch.randn(12, 20, generator=torch.Generator().manual_seed(1))  # (out, in)
+    for got, want in zip(thin_svd(w), torch.linalg.svd(w, full_matrices=False)):
+        assert torch.equal(got, want)
