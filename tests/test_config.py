@@ -95,3 +95,27 @@ def test_the_embedded_cpu_presets_share_the_default_fine_tune():
     key = finetune_cache_key(make_config("default"), torch.float32)
     for name in ("quality", "sweep-cpu"):
         assert finetune_cache_key(make_config(name), torch.float32) == key, name
+
+
+# ---------------------------------------------------------------- the defaults, the protocol, the registry
+def test_the_default_configuration_is_the_tuned_protocol_plus_the_default_preset():
+    from bsi.config import PROTOCOLS, TUNED_FIELDS, protocol_deviations
+
+    default = make_config("default")
+    assert make_config("default", {"protocol": "tuned"}).to_dict() == default.to_dict()
+    assert default.to_dict() == dataclasses.replace(PipelineConfig(), preset="default").to_dict()
+    assert default.protocol == "tuned" and protocol_deviations(default) == []
+    assert set(PROTOCOLS["tuned"]["compress"]) == set(TUNED_FIELDS)
+    # the published protocol differs from the defaults in every setting the tuned one fixes
+    assert all(PROTOCOLS["paper"]["compress"][name] != getattr(CompressConfig(), name) for name in TUNED_FIELDS)
+
+
+def test_every_method_is_named_once_and_its_kind_is_answered_one_way():
+    from bsi.config import ENGINE_METHODS, METHOD_NAMES, METHOD_SPECS, VARIANT_NAMES, is_engine_method
+
+    assert set(METHOD_NAMES) | set(VARIANT_NAMES) == set(METHOD_SPECS) and not set(METHOD_NAMES) & set(VARIANT_NAMES)
+    assert ENGINE_METHODS == ("basel", "bsi-grad", "bsi", "bsi-mag")
+    assert [is_engine_method(n) for n in ("svd", "asvd", "basel", "bsi-mag", "no-such")] == [False, False, True, True,
+                                                                                            False]
+    assert METHOD_SPECS["bsi-mag"].compress_settings == {"score": "bsi", "within_layer": "magnitude"}
+    assert METHOD_SPECS["svd-llm"].compress_settings == {}

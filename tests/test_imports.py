@@ -188,3 +188,15 @@ def test_the_test_tiers_name_real_files_and_the_fast_tier_builds_no_model():
     for name in UNIT_FILES:
         found = heavy.search((tests / name).read_text(encoding="utf-8"))
         assert found is None, f"{name} is in the fast tier but uses {found.group()}: move it to the integration tier"
+
+
+def test_the_method_registry_runs_what_the_configuration_names():
+    from bsi.config import METHOD_SPECS
+    from bsi.pipeline.methods import METHODS, EngineMethod, TruncationMethod
+
+    assert list(METHODS) == list(METHOD_SPECS)
+    for name, method in METHODS.items():
+        spec = METHOD_SPECS[name]
+        assert method.name == name and method.description == spec.description
+        assert isinstance(method, EngineMethod if spec.is_engine else TruncationMethod)
+        assert getattr(method, "compress_settings", {}) == spec.compress_settings

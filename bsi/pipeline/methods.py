@@ -29,9 +29,10 @@ size they keep the rank the published method keeps), ASVD with its
 sensitivity rank search, FWSVD with per-example Fisher information
 (:class:`BaselineConfig` can switch each back, for ablations). The engine
 methods run :meth:`Pipeline.run_engine` with their score; their bases and
-schedule are the ``compress`` section's (see :mod:`bsi.pipeline.protocols`
-for the published and the tuned settings). Add a method by adding an entry
-to :data:`METHODS`.
+schedule are the ``compress`` section's (see :data:`bsi.config.PROTOCOLS`
+for the published and the tuned settings). Add a method by adding its
+:class:`bsi.config.MethodSpec` to :data:`bsi.config.METHOD_SPECS` and, for
+a truncation method, its bases to :data:`TRUNCATIONS`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import nn
 
+from bsi.config import METHOD_SPECS, MethodSpec
 from bsi.errors import BSIError
 from bsi.method.bases import weighted_svd, whitened_bases
 from bsi.method.schedule import LayerShape
@@ -153,7 +155,7 @@ class EngineMethod:
     @property
     def compress_settings(self) -> dict[str, str]:
         """The ``compress`` settings this method fixes; every other one is the run's."""
-        return {"score": self.score} | ({} if self.within_layer is None else {"within_layer": self.within_layer})
+        return MethodSpec(self.name, self.description, self.score, self.within_layer).compress_settings
 
     def compress(self, pipeline: "Pipeline") -> Iterator["Report"]:
         yield from pipeline.run_engine()  # the pipeline's config holds compress_settings (Pipeline.__init__)
@@ -253,23 +255,25 @@ def calibration_loss(pipeline: "Pipeline") -> Callable[[str | None], float]:
     return loss
 
 
-#: name -> method. The registry the CLI, the sweep and the dashboard read.
-METHODS: dict[str, Method] = {
-    "svd": TruncationMethod("svd", "plain SVD: each layer keeps its top-k singular triplets"),
-    "svd-llm": TruncationMethod("svd-llm", "SVD-LLM: top-k of the SVD of the weight on whitened task inputs",
-                                _whitened),
-    "fwsvd": TruncationMethod("fwsvd", "Fisher-weighted SVD (row weights from per-example squared task gradients)",
-                              _fisher_weighted),
-    "asvd": TruncationMethod("asvd", "activation-aware SVD (input channels scaled by mean|x|^alpha), ranks by "
-                             "sensitivity", _activation_scaled, allocation="sensitivity"),
-    "basel": EngineMethod("basel", "basel", "Basel: prune the smallest re-learned |sigma|"),
-    "bsi-grad": EngineMethod("bsi-grad", "bsi-grad", "BSI without the curvature term: first-order loss change"),
-    "bsi": EngineMethod("bsi", "bsi", "BSI: first- plus second-order loss change"),
-    # bsi's score splits each round's cut across layers, |sigma| picks the bases inside each layer: in the
-    # ranking test this pair left the lowest held-out loss every round (docs/benchmarks.md)
-    "bsi-mag": EngineMethod("bsi-mag", "bsi", "BSI's per-layer budgets, the smallest |sigma| removed inside each "
-                            "layer (a variant, not a published method)", within_layer="magnitude"),
+#: What each truncation method computes: its bases (None: the plain SVD) and its published rank rule.
+TRUNCATIONS: dict[str, tuple[BasesOf, str]] = {
+    "svd": (_plain, "uniform"),
+    "svd-llm": (_whitened, "uniform"),
+    "fwsvd": (_fisher_weighted, "uniform"),
+    "asvd": (_activation_scaled, "sensitivity"),
 }
+
+
+def _method_of(spec: MethodSpec) -> Method:
+    if spec.is_engine:
+        return EngineMethod(spec.name, spec.score, spec.description, spec.within_layer)
+    bases_of, allocation = TRUNCATIONS[spec.name]
+    return TruncationMethod(spec.name, spec.description, bases_of, allocation)
+
+
+#: name -> method, one for each entry of :data:`bsi.config.METHOD_SPECS` (names, descriptions and what an
+#: engine method fixes are there). The registry the CLI, the sweep and the dashboard read.
+METHODS: dict[str, Method] = {name: _method_of(spec) for name, spec in METHOD_SPECS.items()}
 
 
 def get_method(name: str) -> Method:

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from bsi.pipeline.checkpoint import load_checkpoint, save_checkpoint
-from bsi.config import PipelineConfig, RecoverConfig, protocol_deviations
+from bsi.config import PipelineConfig, RecoverConfig, is_engine_method, protocol_deviations
 from bsi.data import (EMBEDDED_TASK, EOS_SEPARATOR, BatchStream, TaskData, TextBatchStream, TextTask, is_text_task,
                       load_task, read_text_corpus, set_aside_windows, tokenize_corpus)
 from bsi.pipeline.distributed import from_environment
@@ -290,7 +290,7 @@ class Pipeline:
     @property
     def method_is_engine(self) -> bool:
         """True for the engine methods (the protocol's settings apply to them only)."""
-        return getattr(self.method, "score", None) is not None
+        return is_engine_method(self.method_name)
 
     # --------------------------------------------------------------- stages
     def load(self) -> None:

@@ -54,7 +54,7 @@ from torch import nn
 
 from bsi.analysis.answers import PROBLEMS
 from bsi.analysis.study import PUBLISHED, REFERENCE, folder_loader, recovered, study_markdown, study_stats
-from bsi.config import ENGINE_METHODS, PROTOCOLS, PipelineConfig, SweepConfig, deep_update
+from bsi.config import METHOD_SPECS, PROTOCOLS, PipelineConfig, SweepConfig, deep_update, is_engine_method
 from bsi.data import is_text_task
 from bsi.errors import BSIError
 from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, folder_lock, json_object
@@ -106,7 +106,7 @@ def row_key(row: dict) -> str:
 
 def protocol_label(method: str, protocol: str) -> str:
     """The protocol a method's rows carry: the protocol for an engine method, ``published`` for a truncation."""
-    return protocol if method in ENGINE_METHODS else PUBLISHED
+    return protocol if is_engine_method(method) else PUBLISHED
 
 
 def problems_file(seed: int) -> str:
@@ -380,7 +380,7 @@ class Sweep:
         out = []
         for seed in self.settings.seeds:
             for method in self.settings.methods:
-                protocols = self.settings.protocols if method in ENGINE_METHODS else (PUBLISHED,)
+                protocols = self.settings.protocols if is_engine_method(method) else (PUBLISHED,)
                 out += [(seed, method, p) for p in protocols]
         return out
 
@@ -406,8 +406,8 @@ class Sweep:
         sizes = sorted(sizes or self.settings.targets_of(method, protocol), reverse=True)
         data = self.config.to_dict() | {"seed": seed}
         data["compress"] = data["compress"] | {"size_mode": "target", "target_ratio": sizes[-1], "stops": list(sizes[:-1])}
-        fixed = getattr(get_method(method), "compress_settings", None)  # an engine method's score (and variant)
-        if fixed is not None:
+        if is_engine_method(method):  # the protocol's settings, then the method's score (and a variant's more)
+            fixed = METHOD_SPECS[method].compress_settings
             data = deep_update(data, {"protocol": protocol, "compress": PROTOCOLS[protocol]["compress"] | fixed})
             data = deep_update(data, self.settings.protocol_settings.get(protocol, {}))
             data = deep_update(data, {k: v for k, v in self.overrides.items() if k not in ("seed", "protocol")})
@@ -524,7 +524,7 @@ class Sweep:
         pipeline = Pipeline(config, cache_dir=self.cache_dir, method=method, baseline=self.baseline,
                             reference=self.dense[seed])
         yield from pipeline.reference_stage()
-        label = f"{method} ({protocol})" if method in ENGINE_METHODS else method
+        label = f"{method} ({protocol})" if is_engine_method(method) else method
         yield StageReport("compress", "start", label)
         start = time.perf_counter()
         snapshots: dict[float, nn.Module] = {}
