@@ -161,3 +161,7 @@ class DoneReport(_Report):
 
     summary: dict = field(default_factory=dict)
     out_dir: str | None = None
+
+
+#: Any report a stage of the pipeline yields.
+Report = StageReport | StepReport | RoundReport | SizeReport | EvalReport | DoneReport

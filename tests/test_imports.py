@@ -33,21 +33,21 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def import_nodes(tree: ast.AST):
-    """Every Import / ImportFrom node of a module, skipping the bodies of ``if TYPE_CHECKING:``."""
+def import_nodes(tree: ast.AST, type_checking: bool = False):
+    """Every Import / ImportFrom node of a module, skipping the bodies of ``if TYPE_CHECKING:`` unless asked."""
     stack = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child.test):
+            if not type_checking and isinstance(child, ast.If) and _is_type_checking(child.test):
                 stack.extend(child.orelse)  # the else branch does run
                 continue
             stack.append(child)
 
 
-def imported_modules(name: str, path: Path, modules: set[str]) -> set[str]:
+def imported_modules(name: str, path: Path, modules: set[str], type_checking: bool = False) -> set[str]:
     """The bsi modules that module ``name`` (at ``path``) imports.
 
     ``from bsi.app import job`` names the module ``bsi.app.job``; ``from
@@ -57,7 +57,7 @@ def imported_modules(name: str, path: Path, modules: set[str]) -> set[str]:
     """
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in import_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in import_nodes(ast.parse(path.read_text(encoding="utf-8")), type_checking):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
             continue
@@ -71,9 +71,10 @@ def imported_modules(name: str, path: Path, modules: set[str]) -> set[str]:
     return {m for m in found if m in modules and m != name}
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the bsi modules it imports (``type_checking``: also those imported for type hints only)."""
     paths = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-    return {name: imported_modules(name, path, set(paths)) for name, path in paths.items()}
+    return {name: imported_modules(name, path, set(paths), type_checking) for name, path in paths.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
@@ -131,6 +132,12 @@ def test_the_import_graph_has_no_cycle_but_the_known_ones():
     new = [c for c in found if c not in KNOWN_IMPORT_CYCLES]
     assert not new, "import cycles: " + "; ".join(_path(graph, c) for c in new) + \
         " (give each concept one home so that the imports point one way)"
+
+
+def test_no_two_modules_depend_on_each_other_even_for_type_hints():
+    graph = import_graph(type_checking=True)
+    found = cycles(graph)
+    assert not found, "import cycles counting TYPE_CHECKING imports: " + "; ".join(_path(graph, c) for c in found)
 
 
 def test_the_cycle_finder_sees_lazy_imports_and_skips_type_checking(tmp_path):

@@ -439,7 +439,7 @@ def compute_eps_rule(form: Form | PipelineConfig) -> Iterator[str]:
     config = build_config(form) if isinstance(form, Form) else form
     compress = dataclasses.replace(config.compress, eps=None)  # the rule, whatever the field holds
     yield f"Loading `{config.model}` as the run does…"
-    pipeline = Pipeline(config)
+    pipeline, compressor = Pipeline(config), None
     try:
         pipeline.load()
         cached = (cache_root(pipeline.cache_dir) / "finetuned" / finetune_cache_key(config, pipeline.dtype)
@@ -458,8 +458,7 @@ def compute_eps_rule(form: Form | PipelineConfig) -> Iterator[str]:
         value = sigma_max(pipeline.model)
         eps = compressor.eps
     finally:
-        pipeline.model = None
-        del pipeline
+        del pipeline, compressor  # the model goes with them, before the text is shown
         gc.collect()
     yield eps_rule_text(compress, resolve_dtype(config.dtype, resolve_device(config.device)), value, eps, source)
 

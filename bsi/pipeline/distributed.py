@@ -22,11 +22,13 @@ address); :func:`from_environment` reads them and joins the process group
 * with ``fsdp=True`` the Basel form's bases are moreover sharded across the
   ranks while pruning (:mod:`bsi.pipeline.fsdp`).
 
-Every entry point builds its engine through
-:meth:`~bsi.pipeline.runner.Pipeline.run_engine`, so ``bsi compress``, each
-cell of ``bsi sweep`` and the dashboard get the same reduce, gradient sync and
-per-rank probe seeds; the truncation baselines sum their calibration
-statistics the same way.
+Every entry point runs a method through
+:meth:`~bsi.pipeline.runner.Pipeline.compress`, whose
+:class:`~bsi.pipeline.methods.MethodContext` carries this process's
+:class:`DistContext` and probe seed, so ``bsi compress``, each cell of ``bsi
+sweep`` and the dashboard get the same reduce, gradient sync and per-rank
+probe seeds; the truncation baselines sum their calibration statistics the
+same way.
 
 One process (no launcher) gives a context whose ``reduce`` is the identity
 and whose gradient sync does nothing.

@@ -7,8 +7,10 @@ in accuracy comes from the choice of bases and nothing else:
    under ``$BSI_CACHE/finetuned/<hash of its inputs>`` so a re-run, or a sweep
    of several methods, does it once);
 2. **compress** with a method (:mod:`bsi.pipeline.methods`): the engine's
-   pruning rounds (:class:`~bsi.method.engine.Compressor`, built in one place,
-   :meth:`Pipeline.run_engine`) or a truncation baseline;
+   pruning rounds (:class:`~bsi.method.engine.Compressor`) or a truncation
+   baseline, given a :class:`~bsi.pipeline.methods.MethodContext` (the model,
+   the batches, and what the engine borrows from the run: checkpoints, resume,
+   sharding);
 3. **recover**: fine-tune the compressed model on the task again, by default
    its own low-rank factors, dense layers and norms
    (:class:`~bsi.config.RecoverConfig`), optionally distilling from the
@@ -39,7 +41,7 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +62,11 @@ from bsi.files import atomic_directory, atomic_write_json, atomic_write_text, ch
 from bsi.models import cache_root, load_model_and_tokenizer, model_id, resolve_device, resolve_dtype
 from bsi.method.surgery import (basis_layers, compressible_linear_names, compressible_parameters, model_parameters,
                                 size_report, to_exported_form)
-from bsi.pipeline.methods import BaselineConfig, Method, engine_method, get_method
+from bsi.pipeline.methods import BaselineConfig, EngineResume, EngineRun, Method, MethodContext, engine_method, get_method
 from bsi.pipeline.perplexity import (LOSS_MEANING, measure_perplexity, model_context, protocol_record,
                                      text_task_perplexity)
-from bsi.reports import DoneReport, EvalReport, RoundReport, SizeReport, StageReport, StepReport
+from bsi.reports import DoneReport, EvalReport, Report, RoundReport, StageReport, StepReport
 from bsi.pipeline.training import finetune
-
-Report = StageReport | StepReport | RoundReport | SizeReport | EvalReport | DoneReport
 
 CHECKPOINT = "checkpoint"  # sub-folder of out_dir holding the last complete round
 ROUND_RECORDS = "rounds-layers.jsonl.gz"  # every round's full per-layer record (RoundReport.to_dict(), one a line)
@@ -235,7 +235,7 @@ class Pipeline:
         self.method = engine_method(config.compress.score) if method is None else \
             get_method(method) if isinstance(method, str) else method
         fixed = getattr(self.method, "compress_settings", None)  # an engine method's score (a variant's more)
-        if fixed:  # the config says what runs: run_engine and summary.json read it
+        if fixed:  # the config says what runs: the method and summary.json read it
             config = dataclasses.replace(config, compress=dataclasses.replace(config.compress, **fixed))
         self.config = config
         self.out_dir = check_run_folder(out_dir, force=force) if out_dir is not None else None
@@ -430,24 +430,56 @@ class Pipeline:
         if not self.config.dense_recovery or "dense_recovered" in self.metrics:
             return
         self.keep_teacher()  # a distilling recovery distils the dense copy from the fine-tuned model too
-        fine_tuned, table = self.model, self.table
-        self.model = copy.deepcopy(fine_tuned)
-        try:
-            with torch.random.fork_rng(devices=[]):
-                yield from self.recover_stage(stage=DENSE_RECOVERY)
-                yield from self.evaluate_stage("dense_recovered")
-        finally:
-            self.model, self.table = fine_tuned, table
+        dense = copy.deepcopy(self.model)
+        with torch.random.fork_rng(devices=[]):
+            yield from self.recover(dense, stage=DENSE_RECOVERY)
+            yield from self.evaluate(dense, "dense_recovered")
 
     def compress(self) -> Iterator[Report]:
-        """Stage 2: the method turns the fine-tuned model into a model of `BasisLinear` layers of the asked size."""
+        """Stage 2: the method turns the fine-tuned model into a model of `BasisLinear` layers of the asked size.
+
+        The method sees a :class:`~bsi.pipeline.methods.MethodContext`; after
+        each of its reports :attr:`model` is the context's model (after a
+        :class:`~bsi.reports.SizeReport`, the model of that size).
+        """
         self.keep_teacher()
         deviations = protocol_deviations(self.config) if self.method_is_engine else []
         if deviations:
             note = f"protocol {self.config.protocol}, except {', '.join(deviations)}"
             self.notes.append(note)
             yield StageReport("compress", "note", note)
-        yield from self.method.compress(self)
+        context = self.method_context()
+        for report in self.method.compress(context):
+            self.model = context.model
+            yield report
+        self.model = context.model
+
+    def method_context(self) -> MethodContext:
+        """What the method works with: the model, this process's batches, and for the engine what the run lends it.
+
+        For an engine method the run lends the tuning loss, the dtype, this
+        process's probe seed, the ``before_cut`` hook, the shards (``fsdp`` on
+        several processes: sharding starts here), the state of a resumed run
+        and :meth:`record_round` (every round recorded and checkpointed).
+        """
+        cfg = self.config.compress
+        engine = EngineRun(train_loss=self.train_loss(cfg.distill), compute_dtype=self.dtype,
+                           probe_seed=self.config.seed + 7919 * self.dist.rank, before_cut=self.before_cut,
+                           after_round=self.record_round)
+        if self.method_is_engine:
+            if self._start_sharding(cfg):
+                engine.sharding = self.sharding
+            if self._resume is not None:
+                tensors, position = self._own_state(*self._resume)
+                engine.resume = EngineResume(tensors, self._resume[1]["compressor"], position, len(self.round_log))
+        return MethodContext(self.model, cfg, self.config.seed, self.stream, self.dist, self.baseline, engine,
+                             self.notes)
+
+    def record_round(self, compressor: Compressor, stream: BatchStream | TextBatchStream, report: RoundReport) -> None:
+        """Keep a finished round (:attr:`rounds`, :attr:`round_log`) and checkpoint the run after it."""
+        self.rounds.append(report)
+        self.round_log.append(compact_round(report))
+        self.checkpoint(compressor, stream)
 
     def train_loss(self, weight: float) -> Any:
         """The loss of a tuning stage: the task loss, or distillation from the teacher with ``weight``."""
@@ -455,53 +487,6 @@ class Pipeline:
             assert self.teacher is not None, "a distilling stage needs the teacher (see compress())"
             return DistillationLoss(self.teacher, weight, self.config.distill_temperature)
         return answer_token_loss
-
-    def run_engine(self) -> Iterator[Report]:
-        """The engine's pruning rounds, checkpointed after each: the one place a :class:`Compressor` is built.
-
-        The ``compress`` configuration already holds the method's settings
-        (its score, a variant's ``within_layer``: set in ``__init__``). Every
-        process takes part (gradients averaged, statistics summed, each its
-        own probes); a run resumed with :meth:`resume` continues after its
-        last complete round.
-        """
-        cfg = self.config.compress
-        stream = self.stream(2)
-        sharded = self._start_sharding(cfg)
-        on_shards = {"convert_layers": self.sharding.convert, "prune_layer": self.sharding.keep} if sharded else {}
-        compressor = Compressor(self.model, stream, cfg, answer_token_loss,
-                                train_loss_fn=self.train_loss(cfg.distill), compute_dtype=self.dtype,
-                                reduce=self.dist.reduce, seed=self.config.seed,
-                                probe_seed=self.config.seed + 7919 * self.dist.rank, before_cut=self.before_cut,
-                                **on_shards)
-        if self._resume is not None:
-            tensors, position = self._own_state(*self._resume)
-            compressor.load_state_dict(tensors, self._resume[1]["compressor"])
-            stream.load_state_dict(position)
-            yield StageReport("compress", "resume", f"after round {len(self.round_log)}")
-        else:
-            yield from self._limit_skips(compressor.convert())
-        if sharded:
-            from bsi.pipeline.fsdp import refuse_double_backward
-
-            refuse_double_backward(getattr(compressor.source, "method", None))  # the engine may have switched to hvp
-        for note in compressor.notes:
-            yield StageReport("compress", "note", note)
-        hooks = self.dist.sync_gradients(p for layer in compressor.layers.values()
-                                         for p in (layer.sigma, layer.aux_u, layer.aux_v))
-        try:
-            for report in self._limit_skips(compressor.run()):
-                if isinstance(report, RoundReport):  # saved before anyone sees it: a consumer may stop here
-                    self.rounds.append(report)
-                    self.round_log.append(compact_round(report))
-                    self.checkpoint(compressor, stream)
-                yield report
-                if isinstance(report, RoundReport) and report.stop is not None:
-                    yield size_report(self.model, report.stop)
-        finally:
-            for hook in hooks:
-                hook.remove()
-        self.notes.extend(compressor.notes)
 
     def checkpoint(self, compressor: Compressor, stream: BatchStream | TextBatchStream) -> None:
         """Save the state after a complete round into ``out_dir/checkpoint`` (atomic; rank 0 writes).
@@ -583,7 +568,12 @@ class Pipeline:
             yield report
 
     def recover_stage(self, recover: RecoverConfig | None = None, *, stage: str = "recover") -> Iterator[Report]:
-        """Stage 3: fine-tune the compressed model; afterwards it is in its exported form.
+        """Stage 3 on the run's model (:meth:`recover`); keeps its export table for ``summary.json``."""
+        self.table = yield from self.recover(self.model, recover, stage=stage)
+
+    def recover(self, model: nn.Module, recover: RecoverConfig | None = None, *,
+                stage: str = "recover") -> Generator[Report, None, dict]:
+        """Fine-tune a compressed ``model`` in place; afterwards it is in its exported form. Returns its export table.
 
         ``recover.train="factors"``: the model is exported first (two-factor
         `LowRankLinear` layers, or dense where that is smaller) and its own
@@ -593,23 +583,24 @@ class Pipeline:
         ablation). Either way with the task loss, or distilling from the
         fine-tuned dense model (``recover.distill``). ``recover`` replaces the
         configuration's section (a sweep tries several learning rates).
-        ``stage`` names the reports (:meth:`dense_recovery_stage` trains the
-        dense model through here as ``dense-recover``).
+        ``stage`` names the reports (:meth:`dense_recovery_stage` trains a
+        copy of the dense model through here as ``dense-recover``).
         """
         cfg = recover or self.config.recover
         if cfg.steps == 0 or cfg.train == "factors":
             self.unshard()
         if cfg.steps == 0:
-            self.table = to_exported_form(self.model)
+            table = to_exported_form(model)
             yield StageReport(stage, "end", "skipped")
-            return
+            return table
+        table: dict = {}
         if cfg.train == "factors":
-            self.table = to_exported_form(self.model)
-            params = recovery_parameters(self.model, train_embeddings=cfg.train_embeddings)
+            table = to_exported_form(model)
+            params = recovery_parameters(model, train_embeddings=cfg.train_embeddings)
         else:
-            params = [p for layer in basis_layers(self.model).values()
+            params = [p for layer in basis_layers(model).values()
                       for p in (layer.sigma, layer.aux_u, layer.aux_v) if p.numel()]
-        for p in self.model.parameters():
+        for p in model.parameters():
             p.requires_grad_(False)
         for p in params:
             p.requires_grad_(True)
@@ -617,7 +608,7 @@ class Pipeline:
         hooks = self.dist.sync_gradients(params)
         try:
             yield from self._limit_skips(finetune(
-                self.model, self.stream(3), steps=cfg.steps, lr=cfg.lr, stage=stage, parameters=params,
+                model, self.stream(3), steps=cfg.steps, lr=cfg.lr, stage=stage, parameters=params,
                 loss_fn=self.train_loss(cfg.distill), weight_decay=cfg.weight_decay,
                 max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_steps))
         finally:
@@ -625,42 +616,50 @@ class Pipeline:
                 hook.remove()
         if cfg.train == "sigma":
             self.unshard()
-            self.table = to_exported_form(self.model)
+            table = to_exported_form(model)
         yield StageReport(stage, "end")
+        return table
 
     def evaluate_stage(self, when: str) -> Iterator[Report]:
-        """Evaluate the model on the test problems: ``eval_loss_examples`` scored, the first ``eval_examples`` answered.
+        """Evaluate the run's model as ``when`` (:meth:`evaluate`)."""
+        yield from self.evaluate(self.model, when)
+
+    def evaluate(self, model: nn.Module, when: str) -> Generator[Report, None, Evaluation | None]:
+        """Evaluate ``model`` on the test problems: ``eval_loss_examples`` scored, the first ``eval_examples`` answered.
 
         On a text task: perplexity on the held-out part, ``eval_windows``
         windows of ``window`` tokens every ``eval_stride`` tokens
         (:func:`bsi.pipeline.perplexity.text_task_perplexity`), one outcome
         per window, its protocol kept in :attr:`perplexities`. Keeps the
         per-problem (per-window) outcomes in :attr:`evaluations` and the
-        aggregate in :attr:`metrics`, both under ``when``.
+        aggregate in :attr:`metrics`, both under ``when``, and returns the
+        outcomes (None when the run evaluates nothing).
         """
         cfg = self.config
         if not self.evaluates:
-            return
+            return None
         yield StageReport("evaluate", "start", when)
         start = time.perf_counter()
         if self.text is not None:
-            result = text_task_perplexity(self.model, self.text, window=cfg.window, stride=cfg.eval_stride,
+            result = text_task_perplexity(model, self.text, window=cfg.window, stride=cfg.eval_stride,
                                           batch_size=cfg.eval_batch_size, max_windows=cfg.eval_windows)
             evaluation = window_outcomes(result.window_nll_sums, result.window_token_counts)
             self.perplexities[when] = protocol_record(result, self.text)
         else:
             assert self.task is not None
-            evaluation = self.evaluate_on(self.task.test[: cfg.scored_examples], answered=cfg.eval_examples)
+            evaluation = self.evaluate_on(self.task.test[: cfg.scored_examples], answered=cfg.eval_examples,
+                                          model=model)
         self.evaluations[when], self.metrics[when] = evaluation, evaluation.metrics
-        yield eval_report(when, evaluation.metrics, model_parameters(self.model), time.perf_counter() - start)
+        yield eval_report(when, evaluation.metrics, model_parameters(model), time.perf_counter() - start)
+        return evaluation
 
-    def evaluate_on(self, examples, answered: int | None = None) -> Evaluation:
-        """The model's outcomes on ``examples`` (the first ``answered`` answered; 0: loss only)."""
-        return evaluate(self.model, self.tokenizer, examples, answered=answered,
+    def evaluate_on(self, examples, answered: int | None = None, model: nn.Module | None = None) -> Evaluation:
+        """The outcomes of ``model`` (default: the run's) on ``examples`` (the first ``answered`` answered; 0: loss only)."""
+        return evaluate(self.model if model is None else model, self.tokenizer, examples, answered=answered,
                         batch_size=self.config.eval_batch_size, max_new_tokens=self.config.max_new_tokens)
 
-    def validation_loss(self) -> tuple[float, int]:
-        """The model's loss on the validation set carved from the training data, and how many examples it holds.
+    def validation_loss(self, model: nn.Module | None = None) -> tuple[float, int]:
+        """The loss of ``model`` (default: the run's) on the validation set carved from the training data, and its size.
 
         Question/answer task: the answer-token loss of the validation
         problems. Text task: the mean next-token loss of the validation
@@ -671,11 +670,11 @@ class Pipeline:
             windows = self.validation_windows
             if windows is None or not windows.shape[0]:
                 raise BSIError("no validation windows: give validation_size (--validation-size N)")
-            result = measure_perplexity(self.model, windows.reshape(-1), window=windows.shape[1],
-                                        batch_size=self.config.eval_batch_size)
+            result = measure_perplexity(self.model if model is None else model, windows.reshape(-1),
+                                        window=windows.shape[1], batch_size=self.config.eval_batch_size)
             return result.mean_nll, int(windows.shape[0])
         assert self.task is not None
-        return self.evaluate_on(self.task.validation, answered=0).metrics.loss, len(self.task.validation)
+        return self.evaluate_on(self.task.validation, answered=0, model=model).metrics.loss, len(self.task.validation)
 
     # ------------------------------------------------------------------ run
     def run(self) -> Iterator[Report]:

@@ -546,15 +546,15 @@ class Sweep:
             if (target, True) not in missing:
                 continue
             start = time.perf_counter()
-            choice = yield from self._recover(pipeline, model, method, protocol, target,
-                                              choose=target in choose_here)
+            model, choice = yield from self._recover(pipeline, model, method, protocol, target,
+                                                     choose=target in choose_here)
             recover_seconds = time.perf_counter() - start
             start = time.perf_counter()
-            yield from pipeline.evaluate_stage("recovered")
-            row = self._row(pipeline, method, protocol, target, seed, choice,
+            yield from pipeline.evaluate(model, "recovered")
+            row = self._row(pipeline, model, method, protocol, target, seed, choice,
                             {"compress_seconds": compress_seconds, "recover_seconds": recover_seconds,
                              "eval_seconds": time.perf_counter() - start})
-            row.update((yield from self._speed(pipeline, seed)))
+            row.update((yield from self._speed(pipeline, model, seed)))
             row = self.dist.from_main(row)  # rank 0's timings everywhere
             self.rows.append(row)
             self.write(summaries=False)
@@ -563,11 +563,11 @@ class Sweep:
     def _unrecovered(self, pipeline: Pipeline, model: nn.Module, method: str, protocol: str, target: float, seed: int,
                      compress_seconds: float):
         """Evaluate a copy of ``model`` with no recovery (exported as recovery exports it); returns its row."""
-        pipeline.model = copy.deepcopy(model)
-        yield from pipeline.recover_stage(dataclasses.replace(pipeline.config.recover, steps=0))
+        copied = copy.deepcopy(model)
+        yield from pipeline.recover(copied, dataclasses.replace(pipeline.config.recover, steps=0))
         start = time.perf_counter()
-        yield from pipeline.evaluate_stage("unrecovered")
-        row = self._row(pipeline, method, protocol, target, seed, (None, None),
+        yield from pipeline.evaluate(copied, "unrecovered")
+        row = self._row(pipeline, copied, method, protocol, target, seed, (None, None),
                         {"compress_seconds": compress_seconds, "recover_seconds": 0.0,
                          "eval_seconds": time.perf_counter() - start}, when="unrecovered")
         row = self.dist.from_main(row)
@@ -576,35 +576,38 @@ class Sweep:
         return row
 
     def _recover(self, pipeline: Pipeline, model: nn.Module, method: str, protocol: str, target: float, *, choose: bool):
-        """Recover ``model`` into ``pipeline.model``; returns ``(lr, choice)`` where choice records a grid search."""
+        """Recover ``model``; returns ``(recovered model, (lr, choice))`` where choice records a grid search.
+
+        Without a grid, or with a learning rate chosen before, ``model`` itself
+        is recovered; a grid search recovers a copy for each rate and keeps
+        the copy with the lowest validation loss.
+        """
         recover = self.config.recover
         grid = self.settings.lr_grid
         if not grid:
-            pipeline.model = model
-            yield from pipeline.recover_stage()
-            return recover.lr, None
+            yield from pipeline.recover(model)
+            return model, (recover.lr, None)
         if not choose:
             lr = self.lr_choices.get((protocol, method, self.settings.lr_target_for(target)))
             if lr is None:
                 chosen_at = self.settings.lr_target_for(target)
                 raise BSIError(f"no learning rate was chosen for {method} near target {target:g} yet: it is chosen at "
                                f"target {chosen_at:g}; add {chosen_at:g} to this run's targets")
-            pipeline.model = model
-            yield from pipeline.recover_stage(dataclasses.replace(pipeline.config.recover, lr=lr))
-            return lr, {"chosen_at": self.settings.lr_target_for(target), "chosen_here": False}
+            yield from pipeline.recover(model, dataclasses.replace(pipeline.config.recover, lr=lr))
+            return model, (lr, {"chosen_at": self.settings.lr_target_for(target), "chosen_here": False})
         losses, best = {}, None
         for lr in grid:
-            pipeline.model = copy.deepcopy(model)
-            yield from pipeline.recover_stage(dataclasses.replace(pipeline.config.recover, lr=lr))
-            loss, validation_size = pipeline.validation_loss()
+            candidate = copy.deepcopy(model)
+            yield from pipeline.recover(candidate, dataclasses.replace(pipeline.config.recover, lr=lr))
+            loss, validation_size = pipeline.validation_loss(candidate)
             losses[lr] = loss
             if best is None or (math.isfinite(loss) and not loss >= best[0]):
-                best = (loss, lr, pipeline.model)
-        pipeline.model = best[2]
+                best = (loss, lr, candidate)
         self.lr_choices[(protocol, method, target)] = best[1]
         yield LearningRateReport(method, protocol, target, losses, best[1])
-        return best[1], {"chosen_at": target, "chosen_here": True, "validation_loss": {f"{k:g}": v for k, v in losses.items()},
-                         "validation_examples": validation_size}
+        return best[2], (best[1], {"chosen_at": target, "chosen_here": True,
+                                   "validation_loss": {f"{k:g}": v for k, v in losses.items()},
+                                   "validation_examples": validation_size})
 
     def _save_outcomes(self, protocol: str, method: str, target: float, seed: int, evaluation: Evaluation,
                        recovered: bool = True) -> str:
@@ -615,14 +618,14 @@ class Sweep:
             atomic_write_json(self.out_dir / name, evaluation.columns())
         return name
 
-    def _row(self, pipeline: Pipeline, method: str, protocol: str, target: float, seed: int,
+    def _row(self, pipeline: Pipeline, model: nn.Module, method: str, protocol: str, target: float, seed: int,
              choice: tuple[float | None, dict | None], seconds: dict, when: str = "recovered") -> dict:
-        """A row of ``results.jsonl`` for the model evaluated as ``when`` (``recovered`` or ``unrecovered``)."""
+        """A row of ``results.jsonl`` for ``model``, evaluated as ``when`` (``recovered`` or ``unrecovered``)."""
         from bsi.method.surgery import compressible_parameters, model_parameters
 
         evaluation = pipeline.evaluations[when]
-        params = model_parameters(pipeline.model)
-        now, dense = compressible_parameters(pipeline.model)
+        params = model_parameters(model)
+        now, dense = compressible_parameters(model)
         lr, lr_choice = choice
         steps = pipeline.config.recover.steps if when == "recovered" else 0
         return {
@@ -635,7 +638,7 @@ class Sweep:
             "notes": list(pipeline.notes), **self.execution(), **seconds,
         }
 
-    def _speed(self, pipeline: Pipeline, seed: int):
+    def _speed(self, pipeline: Pipeline, model: nn.Module, seed: int):
         """Decode speed of the recovered model against the dense one, measured side by side (when asked)."""
         if not self.settings.speed_repeats or not self.dist.is_main:  # one process times; others would disturb it
             return {}
@@ -645,7 +648,7 @@ class Sweep:
         yield StageReport("speed", "start")
         dense, tokenizer = load_model_and_tokenizer(self.config.model, dtype=pipeline.dtype, device=pipeline.device,
                                                     cache_dir=self.cache_dir)
-        speeds = measure_speeds({REFERENCE: dense, "model": pipeline.model}, tokenizer,
+        speeds = measure_speeds({REFERENCE: dense, "model": model}, tokenizer,
                                 new_tokens=self.settings.speed_tokens, repeats=self.settings.speed_repeats)
         yield StageReport("speed", "end")
         mine, base = speeds["model"], speeds[REFERENCE]
