@@ -42,6 +42,7 @@ from bsi.method.scores import fraction_bits
 from bsi.method.surgery import compressible_parameters, model_parameters
 from bsi.pipeline.runner import Pipeline
 from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
+from bsi.results import RunSummary
 
 LOG_LINES = 300
 """Log lines kept in view (newest first)."""
@@ -113,17 +114,17 @@ def describe(report: Any) -> str | None:
 
 
 def _done_status(summary: dict) -> str:
-    before, after = summary.get("metrics_before"), summary.get("metrics_after")
-    perplexity = summary.get("perplexity")
-    if perplexity and before and after:
-        protocol = perplexity.get("protocol") or {}
-        acc = (f" · perplexity {number_text(before['perplexity'])} → {number_text(after['perplexity'])} on "
-               f"{protocol.get('source', summary.get('data'))} ({protocol.get('description', '')})")
+    result = RunSummary.from_dict(summary)
+    before, after = result.metrics_before, result.metrics_after
+    if result.perplexity and before and after:
+        protocol = result.perplexity.get("protocol") or {}
+        acc = (f" · perplexity {number_text(before.perplexity)} → {number_text(after.perplexity)} on "
+               f"{protocol.get('source', result.data)} ({protocol.get('description', '')})")
     else:
-        acc = f" · accuracy {before['accuracy']:.1%} → {after['accuracy']:.1%}" if before and after else ""
-    return (f"**Done** in {summary['seconds']:.0f} s · params {summary['params_before']:,} → "
-            f"{summary['params_after']:,} ({number_text(summary['compression_ratio'])}x; compressible layers at "
-            f"{summary['compressible_ratio']:.1%}){acc} · chat with it in the Chat tab")
+        acc = f" · accuracy {before.accuracy:.1%} → {after.accuracy:.1%}" if before and after else ""
+    return (f"**Done** in {result.seconds:.0f} s · params {result.params_before:,} → "
+            f"{result.params_after:,} ({number_text(result.compression_ratio)}x; compressible layers at "
+            f"{result.compressible_ratio:.1%}){acc} · chat with it in the Chat tab")
 
 
 def _cancelled_status(pipeline: Pipeline) -> str:

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bsi.errors import BSIError
+from bsi.results import RunSummary
 
 OPENING_RUN = "tour"
 """The shipped run the Compress, Inspect and Spectra tabs open on when it holds its per-layer records
@@ -82,15 +83,19 @@ class SavedRun:
         """The rounds as objects with the scalars the parameter plot reads (from the full records, else rounds.jsonl)."""
         return self.rounds or [SimpleNamespace(**r) for r in self.compact]
 
+    @property
+    def result(self) -> RunSummary:
+        """The summary, typed."""
+        return RunSummary.from_dict(self.summary)
+
     def headline(self) -> str:
         """One line: what this run is, its size and accuracy before and after."""
-        s = self.summary
-        before, after = s.get("metrics_before") or {}, s.get("metrics_after") or {}
-        config = s.get("config") or {}
-        accuracy = (f", accuracy {before['accuracy']:.0%} → {after['accuracy']:.0%} on {after.get('examples', '?')} "
-                    "test problems") if "accuracy" in before and "accuracy" in after else ""
-        return (f"`{s.get('model', '?')}`, preset `{config.get('preset', '?')}`: {s.get('compression_ratio', 0):.2f}x "
-                f"smaller ({s.get('params_before', 0):,} → {s.get('params_after', 0):,} parameters){accuracy}")
+        r = self.result
+        before, after = r.metrics_before, r.metrics_after
+        accuracy = (f", accuracy {before.accuracy:.0%} → {after.accuracy:.0%} on {after.examples} "
+                    "test problems") if before and after else ""
+        return (f"`{r.model or '?'}`, preset `{r.config.get('preset', '?')}`: {r.compression_ratio:.2f}x "
+                f"smaller ({r.params_before:,} → {r.params_after:,} parameters){accuracy}")
 
     def fill(self, session: Any) -> None:
         """Show this run in ``session`` (only when the visitor has no run of their own yet)."""
@@ -99,8 +104,8 @@ class SavedRun:
         session.rounds = list(self.rounds)
         session.steps = list(self.steps)
         session.summary = self.summary
-        session.params_before = self.summary.get("params_before")
-        session.compressible_before = self.summary.get("compressible_params_before")
+        session.params_before = self.result.params_before
+        session.compressible_before = self.result.compressible_params_before
         session.log = [f"[saved] {self.headline()} (from {shown_path(self.folder)})"]
 
 
@@ -195,7 +200,8 @@ def read_saved_run(folder: str | Path) -> SavedRun:
         rounds = [round_from_dict(r) for r in _lines(records)] if records.is_file() else []
         steps = [(s["stage"], i, float(s["loss"])) for i, s in enumerate(_lines(step_file), start=1)] \
             if step_file.is_file() else []
-    except (OSError, ValueError, KeyError, TypeError) as err:
+        RunSummary.from_dict(summary)  # every view reads it typed: a summary without sizes is refused here
+    except (OSError, ValueError, KeyError, TypeError, BSIError) as err:
         raise BSIError(f"the run in '{folder}' cannot be read ({err}); copy it again") from None
     return SavedRun(root, summary, compact, rounds, steps)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from bsi.cli.flags import REQUIRED, add_config_flags, add_model_flags, in_flag_words, overrides_from_args, whole_number
 from bsi.errors import BSIError
+from bsi.results import RunSummary
 
 
 # ------------------------------------------------------------------ compress
@@ -100,53 +101,52 @@ def interrupted_message(out_dir: Path, started: float, resumed: bool) -> str:
     return f"bsi compress: interrupted before the first pruning round ended; nothing was written{earlier}"
 
 
-def summary_table(summary: dict[str, Any]) -> str:
+def summary_table(summary: RunSummary | dict[str, Any]) -> str:
     """A small plain-text table of a run's summary; on a text task, perplexity and its protocol instead of accuracy.
 
     A run made with ``--dense-recovery`` gets a middle column, the dense model
     trained with the same recovery steps, and every run the paired 95%
     intervals of the compressed model against each dense one (``paired``).
+    ``summary`` is a :class:`~bsi.results.RunSummary` or its dict (``summary.json``).
     """
-    before, after = summary.get("metrics_before") or {}, summary.get("metrics_after") or {}
-    same = summary.get("metrics_dense_recovered")
-    perplexity = summary.get("perplexity")
+    result = summary if isinstance(summary, RunSummary) else RunSummary.from_dict(summary)
+    same = result.metrics_dense_recovered
+    columns = [result.metrics_before, *([same] if same else []), result.metrics_after]
 
-    def pct(m: dict) -> str:
-        return f"{100 * m['accuracy']:.1f}%" if m else "-"
+    def pct(m) -> str:
+        return f"{100 * m.accuracy:.1f}%" if m else "-"
 
-    def loss(m: dict) -> str:
-        return f"{m['loss']:.4f}" if m else "-"
+    def loss(m) -> str:
+        return f"{m.loss:.4f}" if m else "-"
 
-    def ppl(m: dict) -> str:
-        return f"{m['perplexity']:.3f}" if m and m.get("perplexity") is not None else "-"
+    def ppl(m) -> str:
+        return f"{m.perplexity:.3f}" if m and m.perplexity is not None else "-"
 
-    columns = [before, *([same] if same else []), after]
-    steps = (summary.get("config") or {}).get("recover", {}).get("steps")
+    steps = result.recover_steps
     heads = ["before", *([f"dense + {steps} steps"] if same else []), "after"]
     metrics = [("perplexity", *map(ppl, columns)), ("mean next-token loss (nats)", *map(loss, columns))] \
-        if perplexity else [("accuracy", *map(pct, columns)), ("answer-token loss", *map(loss, columns))]
-    params = [f"{summary['params_before']:,}", *([f"{summary['params_before']:,}"] if same else []),
-              f"{summary['params_after']:,}"]
-    compressible = [f"{summary['compressible_params_before']:,}",
-                    *([f"{summary['compressible_params_before']:,}"] if same else []),
-                    f"{summary['compressible_params_after']:,}"]
+        if result.perplexity else [("accuracy", *map(pct, columns)), ("answer-token loss", *map(loss, columns))]
+    params = [f"{result.params_before:,}", *([f"{result.params_before:,}"] if same else []), f"{result.params_after:,}"]
+    compressible = [f"{result.compressible_params_before:,}",
+                    *([f"{result.compressible_params_before:,}"] if same else []),
+                    f"{result.compressible_params_after:,}"]
     rows = [("", *heads), ("parameters (whole model)", *params), ("parameters (compressible layers)", *compressible),
             *metrics]
     width = [max(len(r[i]) for r in rows) for i in range(len(heads) + 1)]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, width))) for r in rows]
     lines.append(
-        f"compression: {summary['compression_ratio']:.2f}x whole model, compressible layers at "
-        f"{100 * summary['compressible_ratio']:.1f}% of their size; {summary['seconds']:.0f} s"
+        f"compression: {result.compression_ratio:.2f}x whole model, compressible layers at "
+        f"{100 * result.compressible_ratio:.1f}% of their size; {result.seconds:.0f} s"
     )
     for pair, label in (("recovered - finetuned", "after - before"),
                         ("recovered - dense_recovered", f"after - dense + {steps} steps")):
-        entry = (summary.get("paired") or {}).get(pair)
+        entry = (result.paired or {}).get(pair)
         if entry:
             parts = [f"accuracy {100 * entry['accuracy']['estimate']:+.1f} points [{100 * entry['accuracy']['low']:+.1f}, "
                      f"{100 * entry['accuracy']['high']:+.1f}]"] if "accuracy" in entry else []
             parts.append(f"loss {entry['loss']['estimate']:+.4f} [{entry['loss']['low']:+.4f}, {entry['loss']['high']:+.4f}]")
             lines.append(f"{label}: {', '.join(parts)} (paired 95% interval, {entry['loss']['samples']} problems)")
-    protocol = (perplexity or {}).get("protocol")
+    protocol = (result.perplexity or {}).get("protocol")
     if protocol:
         lines.append(f"perplexity on {protocol['source']}: {protocol['description']}")
     return "\n".join(lines)

@@ -28,7 +28,7 @@ import math
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -37,33 +37,7 @@ from transformers import PreTrainedTokenizerBase
 
 from bsi.data import Example, answers_match, encode_answer, encode_prompt, extract_answer, pad_id, stop_token_ids
 from bsi.pipeline.losses import accepts_logits_to_keep, device_of
-
-
-@dataclass(frozen=True)
-class Metrics:
-    """Task metrics: ``accuracy`` in [0, 1] over ``examples`` answered problems, and the mean answer-token ``loss``.
-
-    ``loss_examples`` is how many problems the loss averages over (token-weighted);
-    None when it is the same set as the accuracy's.
-
-    On a text task nothing is answered (``accuracy`` NaN, ``examples`` 0), the
-    "problems" are the held-out windows (``loss_examples``), ``loss`` is the
-    mean next-token NLL over their scored tokens and ``perplexity`` is
-    ``exp(loss)``; None for a question/answer task.
-    """
-
-    accuracy: float
-    loss: float
-    examples: int
-    loss_examples: int | None = None
-    perplexity: float | None = None
-
-    def to_dict(self) -> dict:
-        """The metrics as a plain dict (JSON-serialisable); ``perplexity`` only on a text task."""
-        data = asdict(self)
-        if self.perplexity is None:
-            del data["perplexity"]
-        return data
+from bsi.results import Metrics  # noqa: F401  (defined with the other result records; imported from here too)
 
 
 @dataclass(frozen=True)

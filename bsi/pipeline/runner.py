@@ -66,6 +66,7 @@ from bsi.pipeline.methods import BaselineConfig, EngineResume, EngineRun, Method
 from bsi.pipeline.perplexity import (LOSS_MEANING, measure_perplexity, model_context, protocol_record,
                                      text_task_perplexity)
 from bsi.reports import DoneReport, EvalReport, Report, RoundReport, StageReport, StepReport
+from bsi.results import RunSummary
 from bsi.pipeline.training import finetune
 
 CHECKPOINT = "checkpoint"  # sub-folder of out_dir holding the last complete round
@@ -700,42 +701,25 @@ class Pipeline:
         yield from self.recover_stage()
         self.teacher = None  # free its memory before the evaluation
         yield from self.evaluate_stage("recovered")
-        params_after = model_parameters(self.model)
         compressible_after, _ = compressible_parameters(self.model)
-        summary = {
-            "method": self.method_name,
-            "model": self.config.model,
-            "data": self.config.data,
-            "params_before": params_before,
-            "params_after": params_after,
-            "compression_ratio": params_before / params_after,
-            "compression_ratio_of": "whole model parameters before / after (tied weights counted once)",
-            "compressible_params_before": compressible_before,
-            "compressible_params_after": compressible_after,
-            "compressible_ratio": compressible_after / compressible_before,
-            "compressible_ratio_of": "parameters of the compressed linear layers after / before",
-            "task": "text" if self.is_text else "qa",
-            "metrics_before": self.metrics["finetuned"].to_dict() if "finetuned" in self.metrics else None,
-            "metrics_after": self.metrics["recovered"].to_dict() if "recovered" in self.metrics else None,
-            **({"metrics_dense_recovered": self.metrics["dense_recovered"].to_dict()}
-               if "dense_recovered" in self.metrics else {}),
-            "paired": paired_differences(self.evaluations, text=self.is_text),
-            **({"perplexity": self.perplexity_summary()} if self.is_text else {}),
-            "protocol": self.config.protocol,
-            "protocol_deviations": protocol_deviations(self.config) if self.method_is_engine else [],
-            "eps": self.round_log[-1]["eps"] if self.round_log else None,
-            "ranks": {name: spec["rank"] for name, spec in self.table.items()},
-            "seconds": time.perf_counter() - start,
-            "device": str(self.device),
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "config": self.config.to_dict(),
-            "notes": list(self.notes),
-        }
+        result = RunSummary(
+            method=self.method_name, model=self.config.model, data=self.config.data,
+            params_before=params_before, params_after=model_parameters(self.model),
+            compressible_params_before=compressible_before, compressible_params_after=compressible_after,
+            task="text" if self.is_text else "qa", metrics_before=self.metrics.get("finetuned"),
+            metrics_after=self.metrics.get("recovered"), metrics_dense_recovered=self.metrics.get("dense_recovered"),
+            paired=paired_differences(self.evaluations, text=self.is_text),
+            perplexity=self.perplexity_summary() if self.is_text else None, protocol=self.config.protocol,
+            protocol_deviations=tuple(protocol_deviations(self.config) if self.method_is_engine else ()),
+            eps=self.round_log[-1]["eps"] if self.round_log else None,
+            ranks={name: spec["rank"] for name, spec in self.table.items()}, seconds=time.perf_counter() - start,
+            device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), config=self.config.to_dict(),
+            notes=tuple(self.notes))
         if self.out_dir is not None and self.dist.is_main:  # one writer when several processes run
             yield StageReport("save", "start", str(self.out_dir))
-            self.save(summary)
+            result = self.save(result)
             yield StageReport("save", "end", str(self.out_dir))
-        yield DoneReport(summary, str(self.out_dir) if self.out_dir is not None else None)
+        yield DoneReport(result.to_dict(), str(self.out_dir) if self.out_dir is not None else None)
 
     def perplexity_summary(self) -> dict[str, Any]:
         """``summary.json``'s ``perplexity``: before and after, what the loss is, and the protocol of the figures."""
@@ -750,7 +734,7 @@ class Pipeline:
                                                      "training_windows_used": int(self.train_windows.shape[0])}
                 if self.text is not None else None}
 
-    def save(self, summary: dict[str, Any]) -> None:
+    def save(self, result: RunSummary) -> RunSummary:
         """Write model, summary.json, rounds.jsonl and the records below into ``out_dir`` in one atomic swap.
 
         Besides the model: ``rounds.jsonl`` (each round's scalars and ranks),
@@ -760,8 +744,8 @@ class Pipeline:
         a line, gzip-compressed, a few MB), ``steps.jsonl`` (every step's
         loss) and ``outcomes.jsonl`` (:func:`outcome_lines`).
 
-        Adds ``bytes_on_disk`` (size of the saved weights) and ``bytes_before``
-        (the dense model's weights in the same dtype) to ``summary``. The
+        Returns ``result`` with ``bytes_on_disk`` (size of the saved weights)
+        and ``bytes_before`` (the dense model's weights in the same dtype). The
         folder was checked when the pipeline was made (:func:`check_run_folder`);
         its earlier content, this run's checkpoint included, is replaced only
         once the new folder is complete.
@@ -774,17 +758,19 @@ class Pipeline:
             with atomic_directory(self.out_dir) as tmp:
                 write_model_files(self.model, self.tokenizer, tmp, {
                     "method": self.method_name, "source_model": self.config.model,
-                    "params_total": summary["params_after"], "settings": self.config.to_dict(),
+                    "params_total": result.params_after, "settings": self.config.to_dict(),
                 }, table=self.table)
-                summary["bytes_on_disk"] = (tmp / WEIGHTS).stat().st_size  # the compressed weights file
-                summary["bytes_before"] = summary["params_before"] * torch.finfo(self.dtype).bits // 8  # dense, same dtype
+                result = dataclasses.replace(
+                    result, bytes_on_disk=(tmp / WEIGHTS).stat().st_size,  # the compressed weights file
+                    bytes_before=result.params_before * torch.finfo(self.dtype).bits // 8)  # dense, same dtype
                 atomic_write_text(tmp / "rounds.jsonl", "".join(json.dumps(r) + "\n" for r in self.round_log))
                 if self.rounds:  # this process's rounds (a resumed run has those after its checkpoint)
                     with gzip.open(tmp / ROUND_RECORDS, "wt", encoding="utf-8") as handle:
                         handle.writelines(json.dumps(r.to_dict()) + "\n" for r in self.rounds)
                 atomic_write_text(tmp / "steps.jsonl", "".join(json.dumps(s) + "\n" for s in self.step_log))
                 atomic_write_text(tmp / "outcomes.jsonl", outcome_lines(self.evaluations, self.task))
-                atomic_write_json(tmp / "summary.json", summary)
+                atomic_write_json(tmp / "summary.json", result.to_dict())
         except OSError as err:
             raise BSIError(f"cannot write the result into '{self.out_dir}' ({err.strerror or err}); "
                            "free some space or choose another --out folder") from None
+        return result
