@@ -789,19 +789,21 @@ class SweepConfig(_JsonConfig):
     with the same recovery budget.
     """
 
-    methods: tuple[str, ...] = option(METHOD_NAMES, "methods compared")
+    methods: tuple[str, ...] = option(METHOD_NAMES, "methods compared; a named variant ("
+                                                    + ", ".join(VARIANT_NAMES) + ") runs only when named")
     targets: tuple[float, ...] = option((0.6, 0.4, 0.25), "target ratios of the compressible layers' parameters, "
                                                           "for every method")
     extra_targets: dict = option(default_factory=dict, help="more targets for some methods only, e.g. "
-                                                            "{\"bsi\": [0.02]}")
+                                                            "bsi:0.02,basel:0.02 ({\"bsi\": [0.02], ...} in JSON)")
     seeds: tuple[int, ...] = option((0,), "run seeds: each its own splits, fine-tune, batches and probes")
     protocols: tuple[str, ...] = option(("tuned",), "protocols of the engine methods (see PROTOCOLS)")
     protocol_settings: dict = option(default_factory=dict, help="per protocol, pipeline settings its engine runs "
                                                                 "need on top (e.g. a longer schedule for paper)")
     protocol_targets: dict = option(default_factory=dict, help="per protocol, the only targets its engine methods "
-                                                               "run at (default: every target)")
-    lr_grid: tuple[float, ...] = option((), "recovery learning rates to choose from by validation loss (empty: "
-                                            "the recover section's lr for every method)")
+                                                               "run at, e.g. paper:0.6,paper:0.4 (none: every target)")
+    lr_grid: tuple[float, ...] = option((), "recovery learning rates to choose from by validation loss, which "
+                                            "needs validation_size (--validation-size) (empty: the recover "
+                                            "section's lr for every method)")
     lr_targets: tuple[float, ...] = option((), "targets where the learning rate is chosen, by the first seed run "
                                                "(empty: every target)")
     baseline: dict = option(default_factory=dict, help="settings of the truncation baselines (BaselineConfig "
@@ -930,7 +932,32 @@ def make_config(preset: str | None = None, overrides: dict[str, Any] | None = No
 
     Order: the preset, then the protocol's settings when a protocol is named
     (in the overrides or the preset, :data:`PROTOCOLS`), then the overrides.
-    Overrides may imply other fields (see :func:`implied_updates`).
+    Overrides may imply other fields (see :func:`implied_updates`). The same
+    as :func:`resolve_config` without a method or sizes.
+    """
+    return resolve_config(preset, overrides, base=base)
+
+
+def resolve_config(preset: str | None = None, overrides: dict[str, Any] | None = None, *,
+                   base: PipelineConfig | None = None, method: str | None = None, protocol: str | None = None,
+                   protocol_settings: dict[str, Any] | None = None,
+                   sizes: "tuple[float, ...] | list[float] | None" = None) -> PipelineConfig:
+    """The one function that makes a run's configuration: every entry point (CLI, sweep cell, pipeline) comes here.
+
+    The layers, each over the one before:
+
+    1. the field defaults, or ``base`` (a configuration made before, e.g. a
+       sweep's shared one), then the ``preset``'s settings;
+    2. the protocol's ``compress`` settings (:data:`PROTOCOLS`), when one is
+       named: in ``overrides``, as ``protocol`` (a sweep cell's) or by the preset;
+    3. ``protocol_settings``: more pipeline settings of that protocol (a sweep's ``protocol_settings``);
+    4. ``overrides``, the settings the user gave, with what they imply (:func:`implied_updates`);
+    5. what ``method`` fixes when it is an engine method (:attr:`MethodSpec.compress_settings`:
+       its score, a variant's ``within_layer``), so a run never says one method and runs another;
+    6. ``sizes``: every size the run must reach, as ``target_ratio`` (the smallest) and ``stops``.
+
+    Raises:
+        BSIError: on an unknown preset, protocol or method, or any invalid value (one line).
     """
     if base is not None and preset is not None:
         raise BSIError("give a preset or a base config, not both")
@@ -941,11 +968,20 @@ def make_config(preset: str | None = None, overrides: dict[str, Any] | None = No
             raise BSIError(f"unknown preset '{preset}': use one of {', '.join(PRESETS)}")
         data = deep_update(data, implied_updates(PRESETS[preset]))
         data["preset"] = preset
-    protocol = overrides.get("protocol") or (PRESETS.get(preset or "", {}).get("protocol") if preset else None)
+    protocol = overrides.get("protocol") or protocol or (PRESETS.get(preset or "", {}).get("protocol") if preset else None)
     if protocol is not None:  # named explicitly: its settings go on the preset's, the flags on both
         _check_choice(protocol, "--protocol", PROTOCOL_NAMES)
         data = deep_update(data, {"protocol": protocol, "compress": PROTOCOLS[protocol]["compress"]})
+    data = deep_update(data, protocol_settings or {})
     data = deep_update(data, implied_updates(overrides))
+    if method is not None:
+        if method not in METHOD_SPECS:
+            raise BSIError(f"unknown method '{method}': use one of {', '.join(METHOD_SPECS)}")
+        data = deep_update(data, {"compress": METHOD_SPECS[method].compress_settings})
+    if sizes:
+        ordered = sorted(sizes, reverse=True)
+        data = deep_update(data, {"compress": {"size_mode": "target", "target_ratio": ordered[-1],
+                                               "stops": list(ordered[:-1])}})
     return PipelineConfig.from_dict(data)
 
 

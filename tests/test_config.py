@@ -119,3 +119,21 @@ def test_every_method_is_named_once_and_its_kind_is_answered_one_way():
                                                                                             False]
     assert METHOD_SPECS["bsi-mag"].compress_settings == {"score": "bsi", "within_layer": "magnitude"}
     assert METHOD_SPECS["svd-llm"].compress_settings == {}
+
+
+def test_one_resolver_layers_preset_protocol_flags_method_and_sizes_in_that_order():
+    from bsi.config import PROTOCOLS, resolve_config
+
+    config = resolve_config("tour", {"compress": {"rounds": 2, "within_layer": "score"}}, method="bsi-mag",
+                            protocol="paper", protocol_settings={"compress": {"rounds": 3, "gamma": 2.0}},
+                            sizes=(0.25, 0.6, 0.4))
+    assert config.preset == "tour" and config.recover.steps == PRESETS["tour"]["recover"]["steps"]  # 1. the preset
+    assert config.protocol == "paper" and config.compress.bases == PROTOCOLS["paper"]["compress"]["bases"]  # 2.
+    assert config.compress.gamma == 2.0  # 3. the protocol's own settings
+    assert config.compress.rounds == 2  # 4. the flags win over both
+    assert (config.compress.score, config.compress.within_layer) == ("bsi", "magnitude")  # 5. the method's own
+    assert (config.compress.size_mode, config.compress.target_ratio, config.compress.stops) == ("target", 0.25,
+                                                                                                 (0.6, 0.4))  # 6.
+    assert resolve_config("tour").to_dict() == make_config("tour").to_dict()
+    with pytest.raises(BSIError, match="unknown method 'nope': use one of svd, "):
+        resolve_config(method="nope")

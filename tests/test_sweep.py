@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -288,3 +289,20 @@ def test_sweep_bad_inputs_give_one_line(tmp_path, capsys, args, message):
 def test_compare_needs_an_existing_prompts_file(tmp_path, capsys):
     assert main(["compare", "--models", "tiny-random-llama", "--prompts", str(tmp_path / "none.txt")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_every_study_setting_is_a_flag_generated_from_its_field():
+    from bsi.cli import build_parser
+    from bsi.cli.sweep import _LIST_KINDS, _PAIR_KEYS, NOT_FLAGS, settings_from_args, study_fields
+    from bsi.config import SweepConfig
+
+    fields = study_fields()
+    assert {f.name for f in fields} | set(NOT_FLAGS) == {f.name for f in dataclasses.fields(SweepConfig)}
+    for f in fields:  # each field's type has a flag form: a new field of another type needs one
+        kind = str(f.type).replace(" ", "")
+        assert kind in _LIST_KINDS or kind in ("bool", "int") or f.name in _PAIR_KEYS, f.name
+    args = build_parser().parse_args(["sweep", "--out", "x", "--preset", "study", "--protocol-targets",
+                                      "paper:0.6,paper:0.4", "--speed-tokens", "8", "--no-also-unrecovered"])
+    settings = settings_from_args(args)
+    assert settings.protocol_targets == {"paper": (0.6, 0.4)} and settings.speed_tokens == 8
+    assert settings.also_unrecovered is False and settings.seeds == (0, 1, 2)  # the rest: the preset's

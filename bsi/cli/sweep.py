@@ -13,50 +13,65 @@ import math
 
 from bsi.cli.commands import build_config
 from bsi.cli.flags import add_config_flags, overrides_from_args
-from bsi.config import METHOD_NAMES, PROTOCOL_NAMES, VARIANT_NAMES
 
 #: set per cell or per run, so not flags of the sweep
 PER_CELL = ("compress.score", "compress.size_mode", "compress.target_ratio", "compress.keep_ratio", "preset",
             "seed", "protocol")
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bsi.config import PRESETS, SWEEP_PRESETS
+#: SweepConfig fields that are no flag of their own: per-protocol pipeline settings (a preset sets them), and the
+#: truncation baselines' settings (their flags are --alpha and --allocation, BaselineConfig's own fields).
+NOT_FLAGS = ("protocol_settings", "baseline")
 
-    def preset_value(key: str) -> str:
+#: What a flag's value looks like, by the field's type: comma-separated values, or KEY:VALUE pairs.
+_LIST_KINDS = {"tuple[str,...]": str, "tuple[float,...]": float, "tuple[int,...]": int}
+_PAIR_KEYS = {"extra_targets": "METHOD", "protocol_targets": "PROTOCOL"}
+
+
+def study_fields() -> list:
+    """The :class:`~bsi.config.SweepConfig` fields that are flags of ``bsi sweep``, in declaration order."""
+    import dataclasses
+
+    from bsi.config import SweepConfig
+
+    return [f for f in dataclasses.fields(SweepConfig) if f.name not in NOT_FLAGS]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``bsi sweep``'s flags: the run's, one per study setting (generated from SweepConfig), and the pipeline's."""
+    from bsi.config import PRESETS, SWEEP_PRESETS, SweepConfig
+
+    defaults = SweepConfig().to_dict()
+
+    def default_text(key: str) -> str:
         given = [f"{name}: {_text(values[key])}" for name, values in SWEEP_PRESETS.items() if key in values]
-        return "; ".join(given) or "none"
+        fallback = _text(defaults[key]) if defaults[key] not in ((), {}) else "none"
+        return f"the preset's, {'; '.join(given)}; else {fallback}" if given else fallback
 
     p.add_argument("--out", required=True, help="output folder (an existing sweep folder resumes or extends)")
     p.add_argument("--preset", choices=list(PRESETS), help="starting configuration, pipeline and study (default: default)")
     p.add_argument("--config", help="a JSON PipelineConfig file as the starting configuration instead of --preset "
                                     "(default: none, the preset)")
-    p.add_argument("--methods", help=f"comma-separated methods (default: the preset's, {preset_value('methods')}; "
-                                     f"else all: {','.join(METHOD_NAMES)}; named variants, only when named: "
-                                     f"{','.join(VARIANT_NAMES)})")
-    p.add_argument("--targets", help="comma-separated target ratios of the compressible layers' parameters, for every "
-                                     f"method (default: the preset's, {preset_value('targets')}; else 0.6,0.4,0.25)")
-    p.add_argument("--extra-targets", metavar="METHOD:R,...",
-                   help="targets for some methods only, e.g. bsi:0.02,basel:0.02 (default: the preset's, "
-                        f"{preset_value('extra_targets')})")
-    p.add_argument("--seeds", help=f"comma-separated run seeds (default: the preset's, {preset_value('seeds')}; else 0)")
-    p.add_argument("--protocols", help=f"comma-separated protocols of the engine methods, {' or '.join(PROTOCOL_NAMES)} "
-                                       f"(default: the preset's, {preset_value('protocols')}; else tuned)")
-    p.add_argument("--lr-grid", help="comma-separated recovery learning rates; each method's is chosen from them by "
-                                     "validation loss, which needs --validation-size (default: the preset's, "
-                                     f"{preset_value('lr_grid')}; else none: --recover-lr for every method)")
-    p.add_argument("--lr-targets", help="comma-separated targets where the learning rate is chosen, by the first seed run "
-                                        f"(default: the preset's, {preset_value('lr_targets')}; else every target)")
+    study = p.add_argument_group("the study (SweepConfig)")
+    for f in study_fields():
+        help_text = f"{f.metadata.get('help', '')} (default: {default_text(f.name)})".replace("%", "%%")
+        kind = str(f.type).replace(" ", "")
+        if kind == "bool":
+            study.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif kind == "int":
+            study.add_argument(_flag(f.name), type=int, metavar="N", help=help_text)
+        elif f.name in _PAIR_KEYS:
+            study.add_argument(_flag(f.name), metavar=f"{_PAIR_KEYS[f.name]}:R,...", help=help_text)
+        else:
+            study.add_argument(_flag(f.name), metavar="A,B,...", help=help_text)
     p.add_argument("--alpha", type=float, help="ASVD's exponent (default: 0.5)")
     p.add_argument("--allocation", choices=("published", "uniform", "sensitivity"),
                    help="rank allocation of the truncation methods: published (sensitivity for asvd, uniform for "
                         "the others), uniform or sensitivity (default: published)")
-    p.add_argument("--also-unrecovered", action=argparse.BooleanOptionalAction, default=None,
-                   help="also evaluate every method's model of every size before recovery (rows with recover_steps 0, "
-                        "a table of their own) (default: the preset's, "
-                        f"{preset_value('also_unrecovered')}; else off)")
-    p.add_argument("--speed-repeats", type=int, help="decode-speed timings per model against the dense one, 0 for "
-                                                     "none (default: 0)")
     p.add_argument("--merge", metavar="FOLDER", action="append",
                    help="add the finished cells of FOLDER, the --out folder of this same sweep run on another machine "
                         "(repeatable), rewrite the tables and stop without running anything (default: none)")
@@ -74,20 +89,25 @@ def _text(value) -> str:
     return str(value)
 
 
-def parse_extra_targets(text: str) -> dict[str, list[float]]:
-    """``"bsi:0.02,basel:0.02"`` -> ``{"bsi": [0.02], "basel": [0.02]}``."""
+def parse_pairs(text: str, flag: str = "--extra-targets", key: str = "METHOD") -> dict[str, list[float]]:
+    """``"bsi:0.02,basel:0.02"`` -> ``{"bsi": [0.02], "basel": [0.02]}``, with a one-line error naming ``flag``."""
     from bsi.errors import BSIError
 
     out: dict[str, list[float]] = {}
     for item in (t.strip() for t in text.split(",") if t.strip()):
-        method, sep, value = item.partition(":")
+        name, sep, value = item.partition(":")
         try:
-            out.setdefault(method.strip(), []).append(float(value))
+            out.setdefault(name.strip(), []).append(float(value))
         except ValueError:
             sep = ""
         if not sep:
-            raise BSIError(f"--extra-targets takes METHOD:RATIO items separated by commas, got '{item}'")
+            raise BSIError(f"{flag} takes {key}:RATIO items separated by commas, got '{item}'")
     return out
+
+
+def parse_extra_targets(text: str) -> dict[str, list[float]]:
+    """``"bsi:0.02,basel:0.02"`` -> ``{"bsi": [0.02], "basel": [0.02]}``."""
+    return parse_pairs(text)
 
 
 def settings_from_args(args: argparse.Namespace):
@@ -97,24 +117,16 @@ def settings_from_args(args: argparse.Namespace):
     from bsi.pipeline.sweep import parse_list
 
     given: dict = {}
-    if args.methods is not None:
-        given["methods"] = parse_list(args.methods, str, "--methods")
-    if args.targets is not None:
-        given["targets"] = parse_list(args.targets, float, "--targets")
-    if args.extra_targets is not None:
-        given["extra_targets"] = parse_extra_targets(args.extra_targets)
-    if args.seeds is not None:
-        given["seeds"] = parse_list(args.seeds, int, "--seeds")
-    if args.protocols is not None:
-        given["protocols"] = parse_list(args.protocols, str, "--protocols")
-    if args.lr_grid is not None:
-        given["lr_grid"] = parse_list(args.lr_grid, float, "--lr-grid")
-    if args.lr_targets is not None:
-        given["lr_targets"] = parse_list(args.lr_targets, float, "--lr-targets")
-    if args.speed_repeats is not None:
-        given["speed_repeats"] = args.speed_repeats
-    if args.also_unrecovered is not None:
-        given["also_unrecovered"] = args.also_unrecovered
+    for f in study_fields():
+        value = getattr(args, f.name, None)
+        if value is None:
+            continue
+        kind = str(f.type).replace(" ", "")
+        if kind in _LIST_KINDS:
+            value = parse_list(value, _LIST_KINDS[kind], _flag(f.name))
+        elif f.name in _PAIR_KEYS:
+            value = parse_pairs(value, _flag(f.name), _PAIR_KEYS[f.name])
+        given[f.name] = value
     preset = None if args.config else (args.preset or "default")
     try:
         settings = make_sweep_config(preset, given)

@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from bsi.pipeline.checkpoint import load_checkpoint, save_checkpoint
-from bsi.config import PipelineConfig, RecoverConfig, is_engine_method, protocol_deviations
+from bsi.config import PipelineConfig, RecoverConfig, is_engine_method, protocol_deviations, resolve_config
 from bsi.data import (EMBEDDED_TASK, EOS_SEPARATOR, BatchStream, TaskData, TextBatchStream, TextTask, is_text_task,
                       load_task, read_text_corpus, set_aside_windows, tokenize_corpus)
 from bsi.pipeline.distributed import from_environment
@@ -235,9 +235,8 @@ class Pipeline:
                  reference: Metrics | None = None, force: bool = False) -> None:
         self.method = engine_method(config.compress.score) if method is None else \
             get_method(method) if isinstance(method, str) else method
-        fixed = getattr(self.method, "compress_settings", None)  # an engine method's score (a variant's more)
-        if fixed:  # the config says what runs: the method and summary.json read it
-            config = dataclasses.replace(config, compress=dataclasses.replace(config.compress, **fixed))
+        if is_engine_method(self.method.name):  # the config says what runs: its score (a variant's more)
+            config = resolve_config(base=config, method=self.method.name)
         self.config = config
         self.out_dir = check_run_folder(out_dir, force=force) if out_dir is not None else None
         self.cache_dir = cache_dir

@@ -54,7 +54,7 @@ from torch import nn
 
 from bsi.analysis.answers import PROBLEMS
 from bsi.analysis.study import PUBLISHED, REFERENCE, folder_loader, recovered, study_markdown, study_stats
-from bsi.config import METHOD_SPECS, PROTOCOLS, PipelineConfig, SweepConfig, deep_update, is_engine_method
+from bsi.config import PROTOCOLS, PipelineConfig, SweepConfig, is_engine_method, resolve_config
 from bsi.data import is_text_task
 from bsi.errors import BSIError
 from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, folder_lock, json_object
@@ -402,16 +402,19 @@ class Sweep:
         return {row_key(r) for r in self.rows}
 
     def config_for(self, seed: int, method: str, protocol: str, sizes: Sequence[float] | None = None) -> PipelineConfig:
-        """The pipeline settings of one run: the seed, the sizes (default: all of the method's), the protocol's settings."""
-        sizes = sorted(sizes or self.settings.targets_of(method, protocol), reverse=True)
-        data = self.config.to_dict() | {"seed": seed}
-        data["compress"] = data["compress"] | {"size_mode": "target", "target_ratio": sizes[-1], "stops": list(sizes[:-1])}
-        if is_engine_method(method):  # the protocol's settings, then the method's score (and a variant's more)
-            fixed = METHOD_SPECS[method].compress_settings
-            data = deep_update(data, {"protocol": protocol, "compress": PROTOCOLS[protocol]["compress"] | fixed})
-            data = deep_update(data, self.settings.protocol_settings.get(protocol, {}))
-            data = deep_update(data, {k: v for k, v in self.overrides.items() if k not in ("seed", "protocol")})
-        return PipelineConfig.from_dict(data)
+        """The pipeline settings of one run (:func:`bsi.config.resolve_config` on the sweep's shared configuration).
+
+        The seed, the sizes (default: all of the method's); for an engine
+        method also the protocol's settings, this protocol's
+        ``protocol_settings`` and the flags the user gave (which win over the
+        protocol's, as in ``bsi compress``), then what the method fixes.
+        """
+        sizes = tuple(sizes or self.settings.targets_of(method, protocol))
+        if not is_engine_method(method):  # a truncation method: the published one under every protocol
+            return resolve_config(base=self.config, overrides={"seed": seed}, sizes=sizes)
+        given = {k: v for k, v in self.overrides.items() if k not in ("seed", "protocol")}
+        return resolve_config(base=self.config, overrides=given | {"seed": seed}, method=method, protocol=protocol,
+                              protocol_settings=self.settings.protocol_settings.get(protocol, {}), sizes=sizes)
 
     def schedule_note(self, protocol: str) -> str:
         """One paragraph: what the engine methods of ``protocol`` and the shared recovery ran with."""
