@@ -105,7 +105,7 @@ def test_within_layer_magnitude_keeps_the_scores_budgets_but_removes_the_smalles
     for scores, pruned, by_score in seen.values():
         for name, positions in pruned.items():
             assert positions.numel() == by_score[name].numel()  # the score decided how many
-            sigma = scores.layers[name]["sigma"].abs().cpu()
+            sigma = scores.layers[name].sigma.abs().cpu()
             pool = scores.pools[name]
             if positions.numel():  # and magnitude which: nothing kept in the pool is smaller than what went
                 kept = torch.tensor([p for p in pool.tolist() if p not in set(positions.tolist())], dtype=torch.long)

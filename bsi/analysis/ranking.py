@@ -60,17 +60,19 @@ def removed(layers: Mapping[str, BasisLinear], positions: Mapping[str, torch.Ten
                 layers[n].sigma.copy_(values)
 
 
-def rankings(layer: Mapping[str, Any], generator: torch.Generator) -> dict[str, torch.Tensor]:
+def rankings(layer: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Each ranking's predicted value of every basis of one layer, (r,) float32 CPU; low = removed first.
 
-    ``layer`` is one entry of :attr:`bsi.method.engine.RoundScores.layers`
-    from a run whose score reads the gradient (``bsi`` for all four).
+    ``layer`` has the layer's ``sigma``, ``importance`` and ``grad`` (None
+    when not measured): a :class:`bsi.method.engine.LayerScores` of a run
+    whose score reads the gradient (``bsi`` for all four), or a recorded
+    :class:`bsi.reports.LayerRound`.
     """
-    sigma = layer["sigma"].float().cpu()
-    out = {"bsi": layer["importance"].float().cpu(), "magnitude": sigma.abs(),
+    sigma = layer.sigma.float().cpu()
+    out = {"bsi": layer.importance.float().cpu(), "magnitude": sigma.abs(),
            "random": torch.rand(sigma.numel(), generator=generator)}
-    if layer.get("grad") is not None:
-        out["bsi-grad"] = -sigma * layer["grad"].float().cpu()
+    if layer.grad is not None:
+        out["bsi-grad"] = -sigma * layer.grad.float().cpu()
     return out
 
 
@@ -143,7 +145,7 @@ def measure_round(layers: Mapping[str, BasisLinear], scores: Any, select: Callab
                     row[r] = loss() - base
             entry["k_lowest"][f"{share:g}"] = {"k": k, **row}
         out["layers"][name] = entry
-    sigma = {n: scores.layers[n]["sigma"].abs().cpu() for n in scores.layers}
+    sigma = {n: scores.layers[n].sigma.abs().cpu() for n in scores.layers}
     magnitude_cut = select(scores, importance=sigma, rule="mass")  # basel's rule on these layers
     cuts = {
         "bsi": pruned,

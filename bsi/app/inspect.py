@@ -145,8 +145,7 @@ def measure(session, round_index: int | None, name: str | None, count: int = MEA
     def loss() -> float:
         return dataset_loss(model, session.tokenizer, examples, batch_size=8)
 
-    values = rankings({"sigma": layer.sigma, "importance": layer.importance, "grad": layer.grad},
-                      torch.Generator().manual_seed(0))
+    values = rankings(layer, torch.Generator().manual_seed(0))
     order = layer.pool[torch.argsort(layer.importance[layer.pool], stable=True)]
     chosen = spread_sample(order, count).tolist()
     base = loss()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -104,17 +104,44 @@ class _LayerStats:
 
 
 @dataclass
+class RoundSums:
+    """One round's statistics so far, in one place: per-layer sums and how many batches went into them.
+
+    The round's tuning steps add their per-example gradients (score window
+    ``round``) before the candidate pools exist; the first profiling step
+    chooses the pools (``profiling`` True from then on) and the profiling
+    steps add theirs. ``losses`` are the tuning steps' losses.
+    """
+
+    layers: dict[str, _LayerStats]
+    gradient_batches: int = 0  # batches in the gradient sums
+    curvature_batches: int = 0  # batches in the curvature sums
+    losses: list[float] = field(default_factory=list)
+    profiling: bool = False
+
+
+@dataclass
+class LayerScores:
+    """One layer's scores for the round now ending (tensors on the model's device)."""
+
+    sigma: torch.Tensor  # (r,) the coefficients as tuned
+    grad: torch.Tensor | None  # (r,) mean dl/dsigma over the round's batches; None when the score does not read it
+    curvature: torch.Tensor | None  # (r,) mean curvature estimate; None when the score does not read it
+    terms: dict[str, torch.Tensor]  # the score's terms, each (r,)
+    importance: torch.Tensor  # (r,) their sum: the predicted loss increase of dropping each basis
+    pool: torch.Tensor  # (p,) the candidate positions this round may remove
+
+
+@dataclass
 class RoundScores:
     """A round's scores, before its cut (:meth:`Compressor.score_round`).
 
-    ``layers[name]`` holds ``sigma``, ``grad``, ``curvature``, ``terms``,
-    ``importance`` and ``pool`` (tensors on the model's device; ``grad`` and
-    ``curvature`` None when the score does not read them); ``budget`` is the
+    ``layers[name]`` is each layer's :class:`LayerScores`; ``budget`` is the
     round's ``(parameters, measure)`` (None in size mode keep) and ``caps``
     the most bases each layer may lose.
     """
 
-    layers: dict[str, dict]
+    layers: dict[str, LayerScores]
     budget: tuple[int, str] | None
     caps: dict[str, int] | None
     significant: tuple[int, int]  # pool bases whose first-order term passed the test, pool bases tested
@@ -122,12 +149,12 @@ class RoundScores:
     @property
     def importance(self) -> dict[str, torch.Tensor]:
         """(r,) float32 CPU importance of every layer."""
-        return {n: st["importance"].cpu() for n, st in self.layers.items()}
+        return {n: st.importance.cpu() for n, st in self.layers.items()}
 
     @property
     def pools(self) -> dict[str, torch.Tensor]:
         """(p,) int64 CPU candidate positions of every layer."""
-        return {n: st["pool"].cpu() for n, st in self.layers.items()}
+        return {n: st.pool.cpu() for n, st in self.layers.items()}
 
 
 class Compressor:
@@ -193,18 +220,14 @@ class Compressor:
         self.convert_layers, self.prune_layer, self.before_cut = convert_layers, prune_layer, before_cut
         self.notes: list[str] = []  # decisions the run's report should state (e.g. a switched curvature mode)
         self.iteration = 0  # pruning iterations done so far
+        self.rounds_done = 0  # rounds closed so far
         self.skipped = 0
         self.layers: dict[str, BasisLinear] = {}
         self.names: list[str] = []
         self.factor_start = 0  # factor parameters of the layers at full rank (start of the gradual budgets)
         self.dense_before = 0
         self.eps = float("nan")
-        self._round_losses: list[float] = []
-        self._stats: dict[str, _LayerStats] | None = None
-        self._profiled = 0  # batches in the round's gradient sums
-        self._curvature_batches = 0  # batches in the round's curvature sums
-        self._tuning: dict[str, _LayerStats] | None = None  # score_window round: sums over the tuning steps so far
-        self._tuning_batches = [0, 0]  # batches in those gradient and curvature sums
+        self._round: RoundSums | None = None  # the statistics of the round in progress
         self._monitor: dict | None = None
         self._start = time.perf_counter()
         if config.size_mode == "target" and config.rounds < len(config.sizes):
@@ -292,25 +315,45 @@ class Compressor:
         return self.config.round_length * self.config.rounds
 
     def run(self) -> Iterator[StepReport | RoundReport]:
-        """Convert (if needed), then run the remaining iterations; yields a StepReport each, a RoundReport per round."""
+        """Algorithm 1, round after round: tune, profile, score, select, cut, report.
+
+        Converts the model first if needed. Each round has ``round_length``
+        iterations: the first ``round_length - profiling_iters`` tune sigma
+        and the auxiliary vectors (:meth:`_train_step`), the rest profile
+        gradients and curvature on the round's candidate pools
+        (:meth:`_profile_step`); then :meth:`_close_round` scores every basis
+        (:meth:`score_round`), chooses the cut (:meth:`select`), removes it
+        and reports. Yields a StepReport per iteration and a RoundReport per
+        round; a run stopped inside a round continues where it stood.
+        """
         cfg = self.config
         if not self.converted:
             yield from self.convert()
         if self._monitor is None:
             self._monitor = next(self.batches)  # a fixed batch: the loss before and after each cut
-        total = self.total_iterations
+        total, tuning_steps = self.total_iterations, cfg.round_length - cfg.profiling_iters
         while self.iteration < total:
-            self.iteration += 1
-            k = (self.iteration - 1) % cfg.round_length + 1  # position within the round
-            batch = next(self.batches)
-            if k <= cfg.round_length - cfg.profiling_iters:
-                yield self._train_step(batch, total)
-            else:
-                if self._stats is None:
-                    self._stats = self._open_round()
-                yield self._profile_step(batch, total)
-            if k == cfg.round_length:
-                yield self._close_round()
+            while self.steps_into_round < tuning_steps:  # 1. tune
+                yield self._train_step(self._next_batch(), total)
+            while self.steps_into_round < cfg.round_length:  # 2. profile
+                yield self._profile_step(self._next_batch(), total)
+            yield self._close_round()  # 3-6. score, select, cut, report
+
+    @property
+    def steps_into_round(self) -> int:
+        """Iterations of the round in progress done so far (0 between rounds)."""
+        return self.iteration - self.rounds_done * self.config.round_length
+
+    def _next_batch(self) -> dict:
+        """Count one more iteration and take its batch."""
+        self.iteration += 1
+        return next(self.batches)
+
+    def _sums(self) -> RoundSums:
+        """The round's statistics, begun at its first step (empty sums, no pools yet)."""
+        if self._round is None:
+            self._round = RoundSums(self._empty_stats({n: torch.empty(0, dtype=torch.long) for n in self.names}))
+        return self._round
 
     def _check_skips(self) -> None:
         if self.skipped > self.config.max_skipped_batches:
@@ -342,7 +385,7 @@ class Compressor:
             if self._scores_tuning_steps:
                 self._add_tuning_statistics(recorder, batch)
             self.optimizer.step()
-            self._round_losses.append(float(loss.detach()))
+            self._sums().losses.append(float(loss.detach()))
         else:
             self.skipped += 1
             self._check_skips()
@@ -365,23 +408,23 @@ class Compressor:
         """
         fisher = self.score.needs_curvature and self.source.name == "fisher"
         count = self.loss_fn.count(batch) if fisher else 0
-        if self._tuning is None:
-            self._tuning = self._empty_stats({n: torch.empty(0, dtype=torch.long) for n in self.names})
-            self._tuning_batches = [0, 0]
+        sums = self._sums()
         for n in self.names:
-            layer, stats = self.layers[n], self._tuning[n]
+            layer, stats = self.layers[n], sums.layers[n]
             squares = recorder.squares(layer).float()
             stats.grad.add_(recorder.gradient(layer).float())
             stats.grad_squares.add_(squares)
             if fisher:
                 stats.curvature.add_(squares * count)
-        self._tuning_batches[0] += 1
-        self._tuning_batches[1] += int(fisher)
+        sums.gradient_batches += 1
+        sums.curvature_batches += int(fisher)
 
     def _profile_step(self, batch: dict, total: int) -> StepReport:
-        assert self._stats is not None
+        sums = self._sums()
+        if not sums.profiling:
+            self._open_round(sums)
         layers = [self.layers[n] for n in self.names]
-        pools = [self._stats[n].pool for n in self.names]
+        pools = [sums.layers[n].pool for n in self.names]
         with evaluation_mode(self.model):
             result = self.source.profile(self.model, layers, pools, batch, self.loss_fn, self.generator)
         if result is None:
@@ -389,17 +432,17 @@ class Compressor:
             self._check_skips()
             return StepReport("profile", self.iteration, total, float("nan"), self._elapsed(), skipped=True)
         for i, name in enumerate(self.names):
+            stats = sums.layers[name]
             if result.grads is not None:
-                self._stats[name].grad.add_(result.grads[i])
+                stats.grad.add_(result.grads[i])
             if result.curvatures is not None:
-                self._stats[name].curvature.add_(result.curvatures[i])
-            stats = self._stats[name]
+                stats.curvature.add_(result.curvatures[i])
             if result.grad_squares is None:
                 stats.grad_squares = None
             elif stats.grad_squares is not None:
                 stats.grad_squares.add_(result.grad_squares[i])
-        self._profiled += 1
-        self._curvature_batches += result.curvatures is not None
+        sums.gradient_batches += 1
+        sums.curvature_batches += result.curvatures is not None
         return StepReport("profile", self.iteration, total, result.loss, self._elapsed())
 
     # -------------------------------------------------------------- rounds
@@ -440,22 +483,21 @@ class Compressor:
     def _pools(self, rho: float) -> dict[str, torch.Tensor]:
         return {n: candidate_pool(self.layers[n].sigma, rho).to(self.device) for n in self.names}
 
-    def _open_round(self) -> dict[str, _LayerStats]:
-        """Choose candidate pools (from the tuned sigma), widened if the round's budget needs it; zero the sums."""
+    def _open_round(self, sums: RoundSums) -> None:
+        """Choose the round's candidate pools (from the tuned sigma), widened if its budget needs it.
+
+        The tuning steps' sums (score window ``round``) carry over; their
+        curvature only inside the pools, where profiling measures it too.
+        """
         rho = self.config.pool_rho
         budget = self.round_budget(self.round_index)
         if budget is not None:
             rho = widen_pools(rho, lambda r: {n: p.cpu() for n, p in self._pools(r).items()}, self.shapes(), *budget)
         pools = self._pools(rho)
-        self._profiled = self._curvature_batches = 0
-        stats = self._empty_stats(pools)
-        if self._tuning is not None:  # score_window round: start from the tuning steps' sums
-            for n in self.names:
-                tuned = self._tuning[n]
-                stats[n] = _LayerStats(tuned.grad, inside_pool(tuned.curvature, pools[n]), pools[n], tuned.grad_squares)
-            self._profiled, self._curvature_batches = self._tuning_batches
-            self._tuning = None
-        return stats
+        for n in self.names:
+            tuned = sums.layers[n]
+            sums.layers[n] = _LayerStats(tuned.grad, inside_pool(tuned.curvature, pools[n]), pools[n], tuned.grad_squares)
+        sums.profiling = True
 
     @torch.no_grad()
     def _monitor_loss(self) -> float:
@@ -473,16 +515,16 @@ class Compressor:
         and per-layer caps, so that :meth:`select` (or a study of other cuts
         of the same size, :mod:`bsi.analysis.ranking`) can choose bases.
         """
-        assert self._stats is not None
-        cfg = self.config
-        count = float(self.reduce(torch.tensor(float(self._profiled), device=self.device)))
-        curvature_count = float(self.reduce(torch.tensor(float(self._curvature_batches), device=self.device)))
+        assert self._round is not None and self._round.profiling, "score_round ends a round that has profiled"
+        sums, cfg = self._round, self.config
+        count = float(self.reduce(torch.tensor(float(sums.gradient_batches), device=self.device)))
+        curvature_count = float(self.reduce(torch.tensor(float(sums.curvature_batches), device=self.device)))
         if count == 0 and self.score.needs_gradient:
             raise BSIError("every profiling batch of this round was skipped for non-finite values; nothing to score")
-        stats: dict[str, dict] = {}
+        stats: dict[str, LayerScores] = {}
         tested = [0, 0]  # pool bases whose first-order term passed the test, pool bases tested
         for n in self.names:
-            s = self._stats[n]
+            s = sums.layers[n]
             sigma = self.layers[n].sigma.detach().float()
             grad = self.reduce(s.grad) / count if self.score.needs_gradient else None  # (r,) mean over all batches
             curvature = self.reduce(s.curvature) / max(curvature_count, 1.0) if self.score.needs_curvature else None
@@ -490,8 +532,7 @@ class Compressor:
             grad_se = (self.reduce(s.grad_squares).sqrt() / count
                        if self.score.tests_gradient and s.grad_squares is not None else None)
             terms = self.score.terms(sigma, grad, curvature, grad_se=grad_se, gradient_z=cfg.gradient_z)
-            stats[n] = {"sigma": sigma, "grad": grad, "curvature": curvature, "terms": terms,
-                        "importance": sum(terms.values()), "pool": s.pool}
+            stats[n] = LayerScores(sigma, grad, curvature, terms, sum(terms.values()), s.pool)
             if grad_se is not None and cfg.gradient_z > 0:
                 kept = terms["gradient"][s.pool] != 0
                 tested[0] += int(kept.sum())
@@ -501,7 +542,7 @@ class Compressor:
         if budget is None:
             caps = cut_caps(ranks, 1 - cfg.keep_per_round, cfg.max_cut_factor)
         else:
-            now = parameters_after(self.shapes(), {n: stats[n]["pool"][:0].cpu() for n in self.names}, budget[1])
+            now = parameters_after(self.shapes(), {n: stats[n].pool[:0].cpu() for n in self.names}, budget[1])
             caps = cut_caps(ranks, even_share(now, budget[0]), cfg.max_cut_factor)
         return RoundScores(stats, budget, caps, (tested[0], tested[1]))
 
@@ -522,11 +563,11 @@ class Compressor:
             pruned = select_to_budget(self.shapes(), values, pools, scores.budget[0], scores.budget[1],
                                       rule or cfg.selection_rule, scores.caps)
         if importance is None and rule is None and cfg.within_layer == "magnitude":
-            pruned = smallest_within(pruned, {n: scores.layers[n]["sigma"].abs().cpu() for n in self.names}, pools)
+            pruned = smallest_within(pruned, {n: scores.layers[n].sigma.abs().cpu() for n in self.names}, pools)
         return pruned
 
     def _close_round(self) -> RoundReport:
-        """Score, choose, (let ``before_cut`` look), prune, shrink, and report the round."""
+        """Score, choose, (let ``before_cut`` look), cut, and report the round."""
         cfg = self.config
         scores = self.score_round()
         pruned = self.select(scores)
@@ -544,14 +585,15 @@ class Compressor:
                 slice_optimizer_state(self.optimizer, layer.sigma, keep)
             cpu = lambda t: None if t is None else t.detach().float().cpu()  # noqa: E731
             reports.append(LayerRound(
-                name=n, basis_ids=ids.cpu(), sigma=cpu(st["sigma"]), grad=cpu(st["grad"]),
-                hessian=cpu(st["curvature"]), importance=cpu(st["importance"]),
-                terms={k: cpu(v) for k, v in st["terms"].items()}, pool=pools[n], pruned=pruned[n].cpu(),
+                name=n, basis_ids=ids.cpu(), sigma=cpu(st.sigma), grad=cpu(st.grad),
+                hessian=cpu(st.curvature), importance=cpu(st.importance),
+                terms={k: cpu(v) for k, v in st.terms.items()}, pool=pools[n], pruned=pruned[n].cpu(),
                 rank_before=before, rank_after=layer.rank, params_after=layer.stored_parameters(),
             ))
         loss_after = self._monitor_loss()
         now, _ = compressible_parameters(self.model)
-        mean_loss = sum(self._round_losses) / len(self._round_losses) if self._round_losses else float("nan")
+        losses = self._round.losses
+        mean_loss = sum(losses) / len(losses) if losses else float("nan")
         report = RoundReport(
             round=self.round_index, total_rounds=cfg.rounds, layers=tuple(reports),
             params_total=model_parameters(self.model), params_compressible=now,
@@ -562,7 +604,8 @@ class Compressor:
             significant_gradients=tested[0] / tested[1] if tested[1] else float("nan"),
             stop=self.round_stop(self.round_index),
         )
-        self._stats, self._round_losses = None, []
+        self._round = None
+        self.rounds_done += 1
         return report
 
     def _elapsed(self) -> float:
@@ -572,7 +615,7 @@ class Compressor:
     @property
     def at_round_boundary(self) -> bool:
         """True between rounds: no profiling statistics are half-accumulated."""
-        return self.converted and self._stats is None and self.iteration % self.config.round_length == 0
+        return self.converted and self._round is None and self.steps_into_round == 0
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         """Everything needed to continue this run: ``(tensors, plain JSON values)``.
@@ -637,8 +680,8 @@ class Compressor:
         self.optimizer.load_state_dict({"state": state, "param_groups": plain["param_groups"]})
         self.generator.set_state(tensors["generator"])
         self.iteration, self.skipped = int(plain["iteration"]), int(plain["skipped"])
+        self.rounds_done = self.iteration // self.config.round_length  # saved between rounds only
         self.eps, self.dense_before = float(plain["eps"]), int(plain["dense_before"])
         self.factor_start = int(plain.get("factor_start", self.factor_start))
         self.notes = list(plain.get("notes", self.notes))
-        self._stats, self._round_losses = None, []
-        self._tuning = None
+        self._round = None
