@@ -71,7 +71,7 @@ import torch
 from torch import nn
 
 from bsi.errors import BSIError
-from bsi.method.engine import whole
+from bsi.method.engine_state import whole
 from bsi.method.layers import BasisLinear
 from bsi.method.surgery import (
     Bases,
