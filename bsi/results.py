@@ -122,10 +122,6 @@ class RunSummary:
         return self.compressible_params_after / self.compressible_params_before
 
     @property
-    def is_text(self) -> bool:
-        return self.task == "text" or self.perplexity is not None
-
-    @property
     def recover_steps(self) -> int | None:
         """The recovery steps the run's configuration gave (None where the config does not say)."""
         return (self.config.get("recover") or {}).get("steps")

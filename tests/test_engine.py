@@ -252,3 +252,16 @@ def test_a_path_lands_on_every_stop_at_the_end_of_a_round():
     with pytest.raises(BSIError, match="at least 3 rounds"):
         Compressor(make_tiny_llama(), token_batches(), CompressConfig(target_ratio=0.3, stops=(0.7, 0.5), rounds=2,
                                                                       iters_per_epoch=4), lm_loss)
+
+
+def test_open_round_gives_each_layer_its_pool_and_the_sums_profiling_adds_to():
+    """What bench/common.py and bench/gpu.py profile from: a round opened by hand, right after conversion."""
+    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5,
+                            aux_rank=2, bases="svd")
+    compressor = Compressor(make_tiny_llama(), token_batches(), config, lm_loss)
+    for _ in compressor.convert():
+        pass
+    stats = compressor._open_round()
+    assert list(stats) == compressor.names and all(stats[n].pool.numel() > 0 for n in compressor.names)
+    report = compressor._profile_step(next(token_batches()), 1)
+    assert not report.skipped and any(float(stats[n].grad.abs().sum()) > 0 for n in compressor.names)

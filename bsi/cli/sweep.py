@@ -105,11 +105,6 @@ def parse_pairs(text: str, flag: str = "--extra-targets", key: str = "METHOD") -
     return out
 
 
-def parse_extra_targets(text: str) -> dict[str, list[float]]:
-    """``"bsi:0.02,basel:0.02"`` -> ``{"bsi": [0.02], "basel": [0.02]}``."""
-    return parse_pairs(text)
-
-
 def settings_from_args(args: argparse.Namespace):
     """The study's :class:`~bsi.config.SweepConfig`: the preset's sweep settings, then the flags given."""
     from bsi.config import make_sweep_config

@@ -481,12 +481,14 @@ class Compressor(RoundCheckpoint):
     def _pools(self, rho: float) -> dict[str, torch.Tensor]:
         return {n: candidate_pool(self.layers[n].sigma, rho).to(self.device) for n in self.names}
 
-    def _open_round(self, sums: RoundSums) -> None:
+    def _open_round(self, sums: RoundSums | None = None) -> dict[str, _LayerStats]:
         """Choose the round's candidate pools (from the tuned sigma), widened if its budget needs it.
 
         The tuning steps' sums (score window ``round``) carry over; their
         curvature only inside the pools, where profiling measures it too.
+        Returns the per-layer sums, pools set (benchmarks profile from here).
         """
+        sums = self._sums() if sums is None else sums
         rho = self.config.pool_rho
         budget = self.round_budget(self.round_index)
         if budget is not None:
@@ -496,6 +498,7 @@ class Compressor(RoundCheckpoint):
             tuned = sums.layers[n]
             sums.layers[n] = _LayerStats(tuned.grad, inside_pool(tuned.curvature, pools[n]), pools[n], tuned.grad_squares)
         sums.profiling = True
+        return sums.layers
 
     @torch.no_grad()
     def _monitor_loss(self) -> float:

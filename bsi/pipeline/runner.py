@@ -61,8 +61,8 @@ from bsi.pipeline.export import WEIGHTS, write_model_files
 from bsi.files import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir, refuse_to_replace
 from bsi.models import cache_root, load_model_and_tokenizer, model_id, resolve_device, resolve_dtype
 from bsi.method.surgery import (basis_layers, compressible_linear_names, compressible_parameters, model_parameters,
-                                size_report, to_exported_form)
-from bsi.pipeline.methods import BaselineConfig, EngineResume, EngineRun, Method, MethodContext, engine_method, get_method
+                                to_exported_form)
+from bsi.pipeline.methods import BaselineConfig, EngineResume, EngineRun, MethodContext, engine_method, get_method
 from bsi.pipeline.perplexity import (LOSS_MEANING, measure_perplexity, model_context, protocol_record,
                                      text_task_perplexity)
 from bsi.reports import DoneReport, EvalReport, Report, RoundReport, StageReport, StepReport
