@@ -39,9 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from bsi.analysis.stats import (Outcomes, paired_difference, per_seed_differences, seed_interval,  # noqa: E402
                                 value_interval)
-from bsi.analysis.study import folder_loader, interval_text, recovered  # noqa: E402
+from bsi.analysis.study import folder_loader, interval_text  # noqa: E402
 from bsi.config import PRESET_COSTS  # noqa: E402
 from bsi.errors import BSIError  # noqa: E402
+from bsi.results import StudyRow, read_study_rows  # noqa: E402
 
 STAGES = ("load", "finetune", "conversion", "rounds", "recovery", "evaluation", "save")
 
@@ -207,12 +208,11 @@ def gpu_tables(result: dict) -> str:
     return "\n\n".join(tables)
 
 
-def sweep_rows(folder: str | Path) -> list[dict]:
+def sweep_rows(folder: str | Path) -> list[StudyRow]:
     path = Path(folder) / "results.jsonl"
-    try:
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, ValueError) as err:
-        raise BSIError(f"'{folder}' holds no readable sweep results ({err})") from None
+    if not path.is_file():
+        raise BSIError(f"'{folder}' holds no sweep results (no results.jsonl)")
+    return read_study_rows(path)
 
 
 def same_problems(a: Path, b: Path, seed: int) -> bool:
@@ -226,13 +226,13 @@ def same_problems(a: Path, b: Path, seed: int) -> bool:
 def against_table(folder: str | Path, study: str | Path, name: str) -> str:
     """The engine cells of ``folder`` against the same cells of ``study`` under ``tuned`` and ``paper``."""
     folder, study = Path(folder), Path(study)
-    mine = [r for r in sweep_rows(folder) if r["method"] in ("bsi", "basel") and recovered(r) and r.get("outcomes")]
-    theirs = [r for r in sweep_rows(study) if recovered(r) and r.get("outcomes")]
+    mine = [r for r in sweep_rows(folder) if r.method in ("bsi", "basel") and r.recovered and r.outcomes]
+    theirs = [r for r in sweep_rows(study) if r.recovered and r.outcomes]
     load_mine, load_theirs = folder_loader(folder), folder_loader(study)
 
     def by_seed(rows, method, target, protocol):
-        return {r["seed"]: r for r in rows if r["method"] == method and abs(r["target"] - target) < 1e-9
-                and r["protocol"] == protocol}
+        return {r.seed: r for r in rows if r.method == method and abs(r.target - target) < 1e-9
+                and r.protocol == protocol}
 
     def diff(a: dict, b: dict, load_a, load_b, stat: str, scale: float, digits: int) -> str:
         seeds = sorted(s for s in set(a) & set(b) if same_problems(folder, study, s) or load_a is load_b)
@@ -245,13 +245,13 @@ def against_table(folder: str | Path, study: str | Path, name: str) -> str:
             text += f"; over seeds {interval_text(over.to_dict(), scale, digits, signed=True)}"
         return text + f" (seeds {','.join(map(str, seeds))})"
 
-    protocol = next((r["protocol"] for r in mine), "paper")
+    protocol = next((r.protocol for r in mine), "paper")
     lines = [f"`{protocol}` on {name} ({folder}) against the study's cells ({study}): accuracy in points / "
              "answer-token loss, paired bootstrap 95% interval pooled over the seeds both hold, then the t-interval "
              "over those seeds' own differences:", "",
              "| method | target | seeds | this schedule | minus `tuned` | minus `paper` (the study's schedule) |",
              "|---|---|---|---|---|---|"]
-    targets = sorted({r["target"] for r in mine}, reverse=True)
+    targets = sorted({r.target for r in mine}, reverse=True)
     for method in ("bsi", "basel"):
         for target in targets:
             cells = by_seed(mine, method, target, protocol)

@@ -1,20 +1,26 @@
-"""What a run ends with, typed: :class:`Metrics` of each evaluated model and the :class:`RunSummary`.
+"""What a run ends with, typed: :class:`Metrics` of each evaluated model, the :class:`RunSummary` and the :class:`StudyRow`.
 
 ``bsi compress`` writes a :class:`RunSummary` as ``summary.json``; the CLI's
 table, the dashboard's status line and its saved-run view read one back with
-:meth:`RunSummary.from_dict`, so a field is named in one place and a reader
-never guesses a key. Files written before a field existed read with its
-default. This module imports nothing heavy (no torch), so reading a result
-is fast.
+:meth:`RunSummary.from_dict`. ``bsi sweep`` writes one :class:`StudyRow` per
+evaluated model as a line of ``results.jsonl``; the study's statistics, its
+figure, the answers view, the dashboard's Compare tab and the sweep's
+progress lines read them back with :func:`read_study_rows`. Both carry the
+same :class:`Metrics`, so a field is named in one place and a reader never
+guesses a key. Files written before a field existed read with its default.
+This module imports nothing heavy (no torch), so reading a result is fast.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 from bsi.errors import BSIError
+from bsi.files import json_object
 
 
 @dataclass(frozen=True)
@@ -173,3 +179,194 @@ class RunSummary:
         plain.setdefault("model", "")
         plain.setdefault("data", "")
         return cls(**plain)
+
+
+#: The method name of a study's dense reference rows (one per seed: the fine-tuned model, uncompressed).
+REFERENCE = "dense"
+
+
+@dataclass(frozen=True)
+class MethodRun:
+    """How a study's compressed model was made: the method's run, then its recovery (absent on the dense rows).
+
+    Args:
+        recover_steps: the recovery's steps (0: the model as its method left
+            it, evaluated before recovery).
+        recover_lr: its learning rate (None without recovery).
+        lr_choice: how that rate was chosen from the sweep's grid (None without
+            a grid): ``chosen_at``, ``chosen_here`` and, where chosen, the
+            validation loss at each rate.
+        compress_seconds, recover_seconds: wall times of the method's whole
+            run (every size at once) and of this size's recovery.
+        notes: what the method said about its run.
+    """
+
+    recover_steps: int
+    recover_lr: float | None = None
+    lr_choice: dict | None = None
+    compress_seconds: float = 0.0
+    recover_seconds: float = 0.0
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DecodeSpeed:
+    """Decode speed measured side by side with the dense model: ms per generated token, and the speed-up."""
+
+    ms_per_token: float
+    dense_ms_per_token: float
+
+    @property
+    def speedup(self) -> float:
+        """The dense model's ms per token / this model's (above 1: faster)."""
+        return self.dense_ms_per_token / self.ms_per_token
+
+
+#: The keys of a ``results.jsonl`` line that :class:`StudyRow` names (the rest are kept in ``extra``).
+_METRIC_KEYS = ("accuracy", "loss", "examples", "loss_examples", "perplexity")
+_RUN_KEYS = tuple(f.name for f in dataclasses.fields(MethodRun))
+_SPEED_KEYS = ("ms_per_token", "dense_ms_per_token", "speedup")
+_OPTIONAL_KEYS = ("fingerprint", "params_before", "compression_ratio", "compressible_ratio", "outcomes",
+                  "eval_seconds", "device", "dtype", "perplexity_protocol")
+#: What a line must hold to be read as a row.
+STUDY_ROW_NEEDS = ("method", "target", "params_total")
+
+
+@dataclass(frozen=True)
+class StudyRow:
+    """One evaluated model of a comparison study: a line of a sweep's ``results.jsonl``.
+
+    Args:
+        method, protocol, target, seed: the cell (protocol ``published`` for
+            a truncation method, ``dense`` for the reference of a seed).
+        params_total: the model's parameters (tied weights once).
+        metrics: its task metrics (flat in the file: ``accuracy``, ``loss``, ...).
+        fingerprint: the sweep's settings hash (:meth:`bsi.pipeline.sweep.Sweep.fingerprint`).
+        params_before: the dense model's parameters.
+        compression_ratio: ``params_before / params_total``.
+        compressible_ratio: the compressible layers' parameters kept.
+        outcomes: the per-problem outcome file, relative to the sweep folder.
+        eval_seconds: the evaluation's wall time.
+        device, dtype: where and in what precision it was computed.
+        run: how a compressed model was made (None on a dense row).
+        speed: its decode speed (None unless the sweep timed it).
+        perplexity_protocol: on a text task's dense row, how perplexity was measured.
+        extra: keys this version does not name, kept so that a rewrite loses nothing.
+
+    ``None`` means "not in the file": :meth:`to_dict` leaves such keys out, so
+    a row reads back and writes out unchanged.
+    """
+
+    method: str
+    target: float
+    params_total: int
+    metrics: Metrics
+    protocol: str | None = None
+    seed: int = 0
+    fingerprint: str | None = None
+    params_before: int | None = None
+    compression_ratio: float | None = None
+    compressible_ratio: float | None = None
+    outcomes: str | None = None
+    eval_seconds: float | None = None
+    device: str | None = None
+    dtype: str | None = None
+    run: MethodRun | None = None
+    speed: DecodeSpeed | None = None
+    perplexity_protocol: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_reference(self) -> bool:
+        """Whether this is a seed's dense reference row."""
+        return self.method == REFERENCE
+
+    @property
+    def recovered(self) -> bool:
+        """Whether the model was recovered (False: evaluated as its method left it; dense rows count as recovered)."""
+        return self.run is None or self.run.recover_steps != 0
+
+    @property
+    def recover_steps(self) -> int | None:
+        return None if self.run is None else self.run.recover_steps
+
+    @property
+    def recover_lr(self) -> float | None:
+        return None if self.run is None else self.run.recover_lr
+
+    @property
+    def is_text(self) -> bool:
+        """Whether the row is of a text task (its metrics carry a perplexity)."""
+        return self.metrics.perplexity is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``results.jsonl`` line: flat keys, the ones that are None left out."""
+        out: dict[str, Any] = dict(self.extra)
+        out |= {"method": self.method, "target": self.target, "seed": self.seed, "params_total": self.params_total,
+                **self.metrics.to_dict()}
+        if self.protocol is not None:
+            out["protocol"] = self.protocol
+        out |= {key: getattr(self, key) for key in _OPTIONAL_KEYS if getattr(self, key) is not None}
+        if self.run is not None:
+            out |= asdict(self.run) | {"notes": list(self.run.notes)}
+        if self.speed is not None:
+            out |= {"ms_per_token": self.speed.ms_per_token, "dense_ms_per_token": self.speed.dense_ms_per_token,
+                    "speedup": self.speed.speedup}
+        return out
+
+    def result(self) -> dict[str, Any]:
+        """What the row says about the model, without its wall times: two computations of a cell agree on this."""
+        return {k: v for k, v in self.to_dict().items() if not k.endswith("_seconds")}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], needs: Sequence[str] = STUDY_ROW_NEEDS) -> "StudyRow":
+        """A row read back from a ``results.jsonl`` line (keys written later default when absent).
+
+        Raises:
+            BSIError: a line without one of ``needs`` (default: ``method``,
+                ``target`` and ``params_total``), or non-numeric sizes and metrics.
+        """
+        missing = [key for key in needs if key not in data]
+        if missing:
+            raise BSIError(f"missing field(s) {', '.join(missing)} (a sweep's results.jsonl line has them)")
+        numbers = ("target", "params_total", "accuracy", "loss")
+        if any(key in data and not _is_number(data[key]) for key in numbers):
+            raise BSIError(f"{', '.join(k for k in numbers if k in data)} must be numbers")
+        metrics = Metrics(accuracy=data.get("accuracy", math.nan), loss=data.get("loss", math.nan),
+                          examples=data.get("examples", 0), loss_examples=data.get("loss_examples"),
+                          perplexity=data.get("perplexity"))
+        run = None
+        if "recover_steps" in data:
+            run = MethodRun(**{key: data[key] for key in _RUN_KEYS if key in data and key != "notes"},
+                            notes=tuple(data.get("notes") or ()))
+        speed = None
+        if data.get("ms_per_token") and data.get("dense_ms_per_token"):
+            speed = DecodeSpeed(data["ms_per_token"], data["dense_ms_per_token"])
+        named = {"method", "target", "seed", "params_total", "protocol", *_METRIC_KEYS, *_OPTIONAL_KEYS,
+                 *(_RUN_KEYS if run else ()), *(_SPEED_KEYS if speed else ())}
+        return cls(method=str(data["method"]), target=data["target"], params_total=data["params_total"],
+                   metrics=metrics, protocol=data.get("protocol"), seed=data.get("seed", 0),
+                   **{key: data.get(key) for key in _OPTIONAL_KEYS}, run=run, speed=speed,
+                   extra={k: v for k, v in data.items() if k not in named})
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_study_rows(path: str | Path, needs: Sequence[str] = STUDY_ROW_NEEDS) -> list[StudyRow]:
+    """Every row of a ``results.jsonl`` file, in file order; a BSIError naming the line of a bad one.
+
+    ``needs``: the keys every line must hold (:meth:`StudyRow.from_dict`).
+    """
+    path = Path(path)
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(StudyRow.from_dict(json_object(line, number, path), needs))
+            except BSIError as err:
+                if str(err).startswith(str(path)):
+                    raise
+                raise BSIError(f"{path}, line {number}: {err}") from None
+    return rows

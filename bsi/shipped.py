@@ -36,6 +36,7 @@ from pathlib import Path
 
 from bsi.errors import BSIError
 from bsi.files import atomic_directory, atomic_write_json, atomic_write_text
+from bsi.results import StudyRow, read_study_rows
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 """The repository's ``data/`` folder (present in a checkout; an installed wheel has none)."""
@@ -172,9 +173,8 @@ def ship_sweep(source: str | Path, name: str, command: str, root: Path = DATA) -
     if missing:
         raise BSIError(f"'{source}' is not a finished sweep (no {', '.join(missing)}): give the --out folder of a "
                        "`bsi sweep` that has written its statistics")
-    rows = [json.loads(line) for line in (source / "results.jsonl").read_text(encoding="utf-8").splitlines()
-            if line.strip()]
-    text = any(row.get("perplexity") is not None for row in rows)  # a text task: per-window losses, no answers
+    rows = read_study_rows(source / "results.jsonl")
+    text = any(row.is_text for row in rows)  # a text task: per-window losses, no answers
     answers = None if text else SweepAnswers(source)  # every outcome file is read below; this checks they hold answers
     config = json.loads((source / "sweep.json").read_text(encoding="utf-8"))["config"]
     target = root / "sweeps" / name
@@ -184,18 +184,18 @@ def ship_sweep(source: str | Path, name: str, command: str, root: Path = DATA) -
             shutil.copyfile(source / f, tmp / f)
         (tmp / "outcomes").mkdir()
         for row in rows:
-            if row.get("outcomes"):
+            if row.outcomes:
                 if text:
-                    _check_window_losses(source / row["outcomes"], row)
+                    _check_window_losses(source / row.outcomes, row)
                 else:
                     answers.columns(row)  # a one-line error if unreadable
-                shutil.copyfile(source / row["outcomes"], tmp / row["outcomes"])
-        for seed in sorted({int(row["seed"]) for row in rows} if not text else ()):
+                shutil.copyfile(source / row.outcomes, tmp / row.outcomes)
+        for seed in sorted({int(row.seed) for row in rows} if not text else ()):
             problems = Path("outcomes") / PROBLEMS.format(seed=seed)
             if (source / problems).is_file():
                 shutil.copyfile(source / problems, tmp / problems)
             else:
-                dense = next(r for r in rows if r["method"] == "dense" and int(r["seed"]) == seed)
+                dense = next(r for r in rows if r.is_reference and int(r.seed) == seed)
                 count = len(answers.columns(dense)["correct"])  # the scored problems, the answered ones first
                 rebuilt = rebuild_problems(config, seed)
                 atomic_write_json(tmp / problems, {k: v[:count] for k, v in rebuilt.items()})
@@ -203,17 +203,17 @@ def ship_sweep(source: str | Path, name: str, command: str, root: Path = DATA) -
     return target
 
 
-def _check_window_losses(path: Path, row: dict) -> None:
+def _check_window_losses(path: Path, row: StudyRow) -> None:
     """A text row's outcome file: one summed loss and one token count per scored window (a one-line error if not)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         windows = len(data["loss_sum"])
-        ok = windows == len(data["tokens"]) == int(row.get("loss_examples") or windows) and windows > 0
+        ok = windows == len(data["tokens"]) == int(row.metrics.loss_examples or windows) and windows > 0
     except (OSError, ValueError, KeyError, TypeError):
         ok = False
     if not ok:
         raise BSIError(f"'{path}' is not a readable text outcome file (per-window loss_sum and tokens for the "
-                       f"{row.get('loss_examples')} windows its row scored): re-run that cell of the sweep")
+                       f"{row.metrics.loss_examples} windows its row scored): re-run that cell of the sweep")
 
 
 def study_tables(name: str = FIRST_SWEEP, root: Path = DATA) -> str:

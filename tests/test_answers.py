@@ -158,8 +158,8 @@ def test_a_sweep_stores_its_problems_and_shows_every_models_answer(folders):
     assert problem.question == stored["question"][3] and problem.reference_answer == stored["answer"][3]
     assert [a.label.split(" @")[0] for a in problem.answers] == ["dense", "bsi", "basel"]
     for a in problem.answers:
-        row = next(r for r in sweep.rows if r["method"] == a.method and r["target"] == a.target)
-        columns = json.loads((folders / "sweep-s0" / row["outcomes"]).read_text())
+        row = next(r for r in sweep.rows if r.method == a.method and r.target == a.target)
+        columns = json.loads((folders / "sweep-s0" / row.outcomes).read_text())
         assert a.answer == columns["prediction"][3] and a.correct == columns["correct"][3]
     wins = sweep.beats("bsi", ["basel"], 0.6)
     bsi, basel = (sweep.columns(sweep._row(m, 0.6, 0))["correct"] for m in ("bsi", "basel"))
@@ -334,7 +334,7 @@ def test_a_shipped_sweeps_tables_come_from_its_rows_and_outcomes(name, tmp_path)
     for seed in answers.seeds:  # every seed's problems, every row's answers
         problem = answers.problem(answers.problem_count(seed) - 1, seed)
         assert problem.question and problem.reference_answer and len(problem.answers) == sum(
-            r["seed"] == seed and bool(r.get("outcomes")) for r in answers.rows)
+            r.seed == seed and bool(r.outcomes) for r in answers.rows)
 
 
 @pytest.mark.parametrize("name", SHIPPED_RUNS)

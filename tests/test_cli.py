@@ -140,9 +140,10 @@ def test_a_reader_that_leaves_early_gets_no_traceback(args):
 def test_speed_table_uses_one_stated_definition():
     from bsi.analysis.stats import Outcomes
     from bsi.analysis.study import study_markdown, study_stats
+    from bsi.results import StudyRow
 
-    row = {"method": "bsi", "protocol": "tuned", "target": 0.5, "seed": 0, "params_total": 1e6, "compression_ratio": 1.5,
-           "outcomes": "x", "ms_per_token": 2.5, "dense_ms_per_token": 4.0}
+    row = StudyRow.from_dict({"method": "bsi", "protocol": "tuned", "target": 0.5, "seed": 0, "params_total": 1e6,
+                              "compression_ratio": 1.5, "outcomes": "x", "ms_per_token": 2.5, "dense_ms_per_token": 4.0})
     stats = study_stats([row], lambda r: Outcomes((True, False), (1.0, 2.0), (1, 1)), ["tuned"], resamples=100)
     assert stats["protocols"]["tuned"]["methods"]["bsi"]["0.5"]["speedup"] == pytest.approx(1.6)
     table = study_markdown(stats)
@@ -154,11 +155,12 @@ def test_text_table_prints_a_collapsed_models_perplexity_readably():
     """A perplexity of 2e7 prints as 2.06e+07, and bsi's tiny ratio to it as 1.2e-06, not 20593155.2 and 0.000."""
     from bsi.analysis.stats import Outcomes
     from bsi.analysis.study import study_markdown, study_stats
+    from bsi.results import StudyRow
 
-    rows = [{"method": m, "protocol": "tuned", "target": 0.5, "seed": 0, "params_total": 1e6, "compression_ratio": 1.5,
-             "outcomes": m, "perplexity": 1.0} for m in ("bsi", "svd")]
+    rows = [StudyRow.from_dict({"method": m, "protocol": "tuned", "target": 0.5, "seed": 0, "params_total": 1e6,
+                                "compression_ratio": 1.5, "outcomes": m, "perplexity": 1.0}) for m in ("bsi", "svd")]
     nll = {"bsi": (3.0, 3.2, 3.1, 3.3), "svd": (16.8, 16.9, 16.7, 16.85)}  # per window, 1 token each
-    stats = study_stats(rows, lambda r: Outcomes((None,) * 4, nll[r["outcomes"]], (1,) * 4), ["tuned"], resamples=200)
+    stats = study_stats(rows, lambda r: Outcomes((None,) * 4, nll[r.outcomes], (1,) * 4), ["tuned"], resamples=200)
     table = study_markdown(stats)
     svd_row = next(line for line in table.splitlines() if line.startswith("| `svd` |"))
     assert "e+07 [" in svd_row and "." in svd_row.split("e+07")[0][-4:]  # 2.0xe+07, 3 significant digits

@@ -142,7 +142,7 @@ SWEEP = textwrap.dedent('''
         if isinstance(report, EvalReport) and report.when == "recovered":
             cells[-1].update(accuracy=report.accuracy, loss=round(report.loss, 5))
         if isinstance(report, CellReport):
-            rows.append(report.row)
+            rows.append(report.row.to_dict())
     with open(os.path.join(folder, f"rank{sweep.dist.rank}.json"), "w") as f:
         json.dump({"cells": cells, "rows": rows}, f)
 ''')

@@ -10,7 +10,7 @@ import pytest
 
 from bsi.cli.commands import summary_table
 from bsi.errors import BSIError
-from bsi.results import Metrics, RunSummary
+from bsi.results import Metrics, RunSummary, StudyRow, read_study_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,3 +58,46 @@ def test_the_cli_table_reads_the_record_and_its_dict_alike():
     table = summary_table(result)
     assert table == summary_table(result.to_dict())
     assert "dense + 4 steps" in table and "50.0%" in table and "60.0%" in table and "2.00x whole model" in table
+
+
+# ------------------------------------------------------------------ a study's rows (results.jsonl)
+@pytest.mark.parametrize("sweep", ["study-quick", "study-quick-seed1", "text"])
+def test_a_shipped_sweeps_rows_read_typed_and_write_back_unchanged(sweep):
+    path = ROOT / "data" / "sweeps" / sweep / "results.jsonl"
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = read_study_rows(path)
+    assert len(rows) == len(lines)
+    for row, line in zip(rows, lines):
+        assert json.dumps(row.to_dict(), sort_keys=True) == json.dumps(line, sort_keys=True)  # the file format is unchanged
+        assert row.extra == {}  # every key the sweep writes has a name
+    dense = [r for r in rows if r.is_reference]
+    assert dense and all(r.run is None and r.recovered and r.compression_ratio == 1.0 for r in dense)
+    compressed = [r for r in rows if not r.is_reference]
+    assert all(r.run is not None and r.recovered == (r.recover_steps > 0) for r in compressed)
+    assert all(r.params_total < r.params_before for r in compressed)
+    assert all(r.is_text == (sweep == "text") for r in rows)
+
+
+def test_a_study_row_keeps_unknown_keys_and_leaves_out_what_it_was_not_given():
+    line = {"method": "bsi", "target": 0.5, "params_total": 10, "accuracy": 0.5, "loss": 1.0, "examples": 4,
+            "recover_steps": 0, "ms_per_token": 2.0, "dense_ms_per_token": 3.0, "speedup": 1.5, "later_key": [1]}
+    row = StudyRow.from_dict(line)
+    assert row.extra == {"later_key": [1]} and not row.recovered and row.speed.speedup == 1.5
+    written = row.to_dict()
+    assert written["later_key"] == [1] and "fingerprint" not in written and "outcomes" not in written
+    assert written["recover_lr"] is None and written["notes"] == []  # a method's run writes all of its keys
+    assert StudyRow.from_dict(written) == row
+    assert "recover_seconds" not in row.result() and "eval_seconds" not in row.result()
+
+
+def test_a_bad_results_line_is_named_in_one_line(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"method": "bsi", "target": 0.5, "params_total": 1}\n{"method": "x"}\n')
+    with pytest.raises(BSIError, match=r"line 2: missing field\(s\) target, params_total"):
+        read_study_rows(path)
+    path.write_text('{"method": "bsi", "target": "half", "params_total": 1}\n')
+    with pytest.raises(BSIError, match="line 1: .*must be numbers"):
+        read_study_rows(path)
+    path.write_text('{"method": "bsi", "target": 0.5, "params_total": 1}\n')
+    with pytest.raises(BSIError, match="line 1: missing field\\(s\\) accuracy, loss"):
+        read_study_rows(path, needs=("method", "accuracy", "loss"))

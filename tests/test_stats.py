@@ -19,6 +19,7 @@ from bsi.analysis.stats import (
     value_interval,
 )
 from bsi.analysis.study import study_markdown, study_stats
+from bsi.results import StudyRow
 
 
 def outcomes(correct, losses, tokens=None):
@@ -97,10 +98,11 @@ def test_study_stats_and_table_mark_the_differences_that_exclude_zero():
         runs[("bsi", 0.4, s)] = noisy(200, 0.7, 0.2, 20 + s)
         strong = runs[("bsi", 0.4, s)]
         runs[("svd", 0.4, s)] = outcomes([False] * 200, [l / t * 3 for l, t in zip(strong.loss_sum, strong.tokens)])
-    rows = [{"method": m, "target": t, "seed": s, "protocol": {"dense": "dense", "svd": "published"}.get(m, "tuned"),
-             "outcomes": f"{m}-{t}-{s}", "params_total": 100 if m == "dense" else 50,
-             "compression_ratio": 1.0 if m == "dense" else 2.0} for m, t, s in runs]
-    stats = study_stats(rows, lambda row: runs[(row["method"], row["target"], row["seed"])], ["tuned"], resamples=500)
+    rows = [StudyRow.from_dict({"method": m, "target": t, "seed": s,
+                                "protocol": {"dense": "dense", "svd": "published"}.get(m, "tuned"),
+                                "outcomes": f"{m}-{t}-{s}", "params_total": 100 if m == "dense" else 50,
+                                "compression_ratio": 1.0 if m == "dense" else 2.0}) for m, t, s in runs]
+    stats = study_stats(rows, lambda row: runs[(row.method, row.target, row.seed)], ["tuned"], resamples=500)
     svd = stats["protocols"]["tuned"]["methods"]["svd"]["0.4"]
     assert svd["vs_anchor"]["accuracy"]["excludes_zero"] and svd["vs_anchor"]["accuracy"]["estimate"] > 0.6
     assert svd["vs_anchor"]["loss"]["estimate"] < 0 and svd["vs_anchor"]["seeds"] == [0, 1]
@@ -119,9 +121,9 @@ def test_study_stats_and_table_mark_the_differences_that_exclude_zero():
 def test_one_seed_has_no_interval_over_seeds_and_no_dagger():
     runs = {("dense", 1.0, 0): noisy(100, 0.8, 0.1, 1), ("bsi", 0.4, 0): noisy(100, 0.7, 0.2, 2),
             ("svd", 0.4, 0): outcomes([False] * 100, [3.0] * 100)}
-    rows = [{"method": m, "target": t, "seed": s, "protocol": "tuned", "outcomes": m, "params_total": 50,
-             "compression_ratio": 2.0} for m, t, s in runs]
-    stats = study_stats(rows, lambda row: runs[(row["method"], row["target"], row["seed"])], ["tuned"], resamples=200)
+    rows = [StudyRow.from_dict({"method": m, "target": t, "seed": s, "protocol": "tuned", "outcomes": m,
+                                "params_total": 50, "compression_ratio": 2.0}) for m, t, s in runs]
+    stats = study_stats(rows, lambda row: runs[(row.method, row.target, row.seed)], ["tuned"], resamples=200)
     diff = stats["protocols"]["tuned"]["methods"]["svd"]["0.4"]["vs_anchor"]
     assert diff["accuracy"]["excludes_zero"] and "over_seeds" not in diff
     assert "\u2020" not in next(r for r in study_markdown(stats).splitlines() if r.startswith("| `svd` |") and "**" in r)

@@ -35,7 +35,7 @@ def test_sweep_writes_rows_outcomes_and_intervals_then_resumes_and_grows(tmp_pat
     out = tmp_path / "sweep"
     reports = list(make_sweep(out, seeds=(0, 1)).run())
     cells = [r for r in reports if isinstance(r, CellReport)]
-    assert [(c.row["method"], c.row["target"], c.row["seed"]) for c in cells] == [
+    assert [(c.row.method, c.row.target, c.row.seed) for c in cells] == [
         ("svd", 0.6, 0), ("svd", 0.4, 0), ("bsi", 0.6, 0), ("bsi", 0.4, 0),
         ("svd", 0.6, 1), ("svd", 0.4, 1), ("bsi", 0.6, 1), ("bsi", 0.4, 1)]
     # one compression per method and seed passes both sizes
@@ -60,9 +60,14 @@ def test_sweep_writes_rows_outcomes_and_intervals_then_resumes_and_grows(tmp_pat
     assert "## Protocol `tuned`" in table and "| `svd` |" in table and "`bsi` minus each method" in table
     assert '"name":"svd"' in (out / "figure.html").read_text()
 
+    # every cell done but the summaries lost (a run stopped as it wrote them): a re-run writes them, computing nothing
+    (out / "results.md").unlink()
+    rerun = list(make_sweep(out, seeds=(0, 1)).run())
+    assert all(c.skipped for c in rerun if isinstance(c, CellReport)) and (out / "results.md").read_text() == table
+
     # the same sweep again, one method more: finished cells are skipped, only the new method runs
     again = list(make_sweep(out, seeds=(0, 1), methods=("svd", "bsi", "basel")).run())
-    assert [c.row["method"] for c in again if isinstance(c, CellReport) and not c.skipped] == ["basel"] * 4
+    assert [c.row.method for c in again if isinstance(c, CellReport) and not c.skipped] == ["basel"] * 4
     starts = [r.detail for r in again if isinstance(r, StageReport) and r.stage == "compress" and r.event == "start"]
     assert starts == ["basel (tuned)", "basel (tuned)"]
     assert rows_of(out)[: len(rows)] == rows
@@ -136,7 +141,7 @@ def test_a_named_variant_joins_an_existing_sweep_as_its_own_engine_method(tmp_pa
     assert grown.config_for(0, "bsi-mag", "tuned").compress.within_layer == "magnitude"
     assert grown.config_for(0, "bsi", "tuned").compress.within_layer == "score"
     reports = list(grown.run())
-    ran = [r.row["method"] for r in reports if isinstance(r, CellReport) and not r.skipped]
+    ran = [r.row.method for r in reports if isinstance(r, CellReport) and not r.skipped]
     assert ran == ["bsi-mag"]
     assert sorted((r["method"], r["protocol"]) for r in rows_of(out)) == [
         ("bsi", "tuned"), ("bsi-mag", "tuned"), ("dense", "dense")]
@@ -306,3 +311,26 @@ def test_every_study_setting_is_a_flag_generated_from_its_field():
     settings = settings_from_args(args)
     assert settings.protocol_targets == {"paper": (0.6, 0.4)} and settings.speed_tokens == 8
     assert settings.also_unrecovered is False and settings.seeds == (0, 1, 2)  # the rest: the preset's
+
+
+@pytest.mark.parametrize("name", ["study-quick", "text"])
+def test_a_shipped_sweep_keeps_its_fingerprint_and_merges_with_a_copy_of_itself(name, tmp_path):
+    """Rows written before the typed record (``StudyRow``) merge with this code: same fingerprint, same results.
+
+    The text sweep's rows carry a NaN accuracy: the merge must still find each cell equal to itself.
+    """
+    from pathlib import Path
+
+    from bsi.config import PipelineConfig
+
+    shipped = Path(__file__).resolve().parents[1] / "data" / "sweeps" / name
+    saved = json.loads((shipped / "sweep.json").read_text())
+    here, there = tmp_path / "here", tmp_path / "there"
+    for folder in (here, there):
+        shutil.copytree(shipped, folder)
+    before = (here / "results.jsonl").read_text()
+    sweep = Sweep(PipelineConfig.from_dict(saved["config"]), SweepConfig.from_dict(saved["settings"]), here)
+    assert sweep.fingerprint() == saved["fingerprint"] and all(r["fingerprint"] == saved["fingerprint"]
+                                                               for r in map(json.loads, before.splitlines()))
+    assert sweep.merge(there) == []  # every cell is in both folders with the same result
+    assert (here / "results.jsonl").read_text() == before  # rewritten through the typed rows, byte for byte

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from bsi.analysis.study import folder_loader, study_stats
+from bsi.results import read_study_rows
 from bsi.app import compare, spectra
 from bsi.app.form import Form, build_config, upload_message, validate_upload
 from bsi.app.job import run_job
@@ -224,7 +225,8 @@ def test_a_text_sweeps_tables_give_perplexity_with_intervals_and_a_no_recovery_t
     assert by_name[("svd", 0.6)][4] == pytest.approx(block["methods"]["svd"]["0.6"]["perplexity"]["estimate"], rel=1e-3)
     assert {t.name for t in figure.data if t.showlegend} == {"svd", "bsi", "svd (no recovery)", "bsi (no recovery)"}
     assert figure.layout.yaxis.title.text == "perplexity"
-    recomputed = study_stats(_lines(text_sweep / "results.jsonl"), folder_loader(text_sweep), ["tuned"], resamples=200)
+    recomputed = study_stats(read_study_rows(text_sweep / "results.jsonl"), folder_loader(text_sweep), ["tuned"],
+                             resamples=200)
     assert recomputed["protocols"]["tuned"]["no_recovery"]["bsi"]["0.6"]["loss"]["estimate"] == \
         pytest.approx(block["no_recovery"]["bsi"]["0.6"]["loss"]["estimate"])
 

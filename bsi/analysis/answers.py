@@ -37,6 +37,7 @@ from typing import Any
 
 from bsi.errors import BSIError
 from bsi.files import json_object
+from bsi.results import REFERENCE as SWEEP_REFERENCE, StudyRow, read_study_rows
 
 #: The categories of a problem answered by both models, in the order they are shown.
 CATEGORIES = ("lost", "gained", "both-right", "both-wrong")
@@ -53,7 +54,6 @@ REFERENCES = {
     "dense_recovered": "the run's fine-tuned dense model trained with the same recovery steps (--dense-recovery)",
 }
 COMPRESSED = "recovered"  # the compressed model's name in outcomes.jsonl
-SWEEP_REFERENCE = "dense"  # a sweep's dense row (bsi.analysis.study.REFERENCE; imported from there, torch-free here)
 PROBLEMS = "problems-s{seed}.json"  # a sweep's test problems of one seed, beside the outcome files
 
 
@@ -242,13 +242,13 @@ class SweepAnswers:
             what = "a run: use `bsi answers RUN`" if (self.folder / "outcomes.jsonl").is_file() else \
                 "give the --out folder of a `bsi sweep` (or data/sweeps/...)"
             raise BSIError(f"'{folder}' holds no sweep results (no results.jsonl): {what}")
-        rows = _read_jsonl(path)
-        protocols = sorted({r["protocol"] for r in rows if r.get("protocol") not in (SWEEP_REFERENCE, "published")})
+        rows = read_study_rows(path)
+        protocols = sorted({r.protocol for r in rows if r.protocol not in (None, SWEEP_REFERENCE, "published")})
         if protocols and protocol not in protocols:
             raise BSIError(f"'{folder}' holds no {protocol} rows: use --protocol {' or '.join(protocols)}")
         self.protocol = protocol
-        self.rows = [r for r in rows if r.get("protocol") in (SWEEP_REFERENCE, "published", protocol)]
-        if not any(r.get("outcomes") for r in self.rows):
+        self.rows = [r for r in rows if r.protocol in (SWEEP_REFERENCE, "published", protocol)]
+        if not any(r.outcomes for r in self.rows):
             raise BSIError(f"'{folder}' holds no per-problem outcomes (a sweep made before they were kept): nothing "
                            "to show answer by answer")
         self._columns: dict[str, dict[str, list]] = {}
@@ -258,16 +258,16 @@ class SweepAnswers:
 
     @property
     def seeds(self) -> list[int]:
-        return sorted({int(r["seed"]) for r in self.rows})
+        return sorted({int(r.seed) for r in self.rows})
 
     @property
     def methods(self) -> list[str]:
         """The compressed methods, in the order of the sweep's rows."""
-        return list(dict.fromkeys(r["method"] for r in self.rows if r["method"] != SWEEP_REFERENCE))
+        return list(dict.fromkeys(r.method for r in self.rows if not r.is_reference))
 
     def methods_of(self, seed: int) -> list[str]:
         """The compressed methods with a row for ``seed`` (a partly run seed holds fewer than :attr:`methods`)."""
-        return [m for m in self.methods if any(r["method"] == m and int(r["seed"]) == seed for r in self.rows)]
+        return [m for m in self.methods if any(r.method == m and int(r.seed) == seed for r in self.rows)]
 
     @property
     def fullest_seed(self) -> int:
@@ -276,12 +276,12 @@ class SweepAnswers:
 
     def targets(self, method: str | None = None) -> list[float]:
         """The sizes of ``method`` (every compressed row's when None), largest first."""
-        return sorted({float(r["target"]) for r in self.rows if r["method"] != SWEEP_REFERENCE
-                       and (method is None or r["method"] == method)}, reverse=True)
+        return sorted({float(r.target) for r in self.rows if not r.is_reference
+                       and (method is None or r.method == method)}, reverse=True)
 
-    def columns(self, row: dict) -> dict[str, list]:
+    def columns(self, row: StudyRow) -> dict[str, list]:
         """A row's outcome columns (``correct``, ``prediction``, ...), read once."""
-        name = row.get("outcomes")
+        name = row.outcomes
         if not name:
             return {"correct": [], "prediction": []}
         if name not in self._columns:
@@ -304,7 +304,7 @@ class SweepAnswers:
     def problem_count(self, seed: int | None = None) -> int:
         """How many answered test problems the seed's dense row holds."""
         seed = self._seed(seed)
-        dense = next((r for r in self.rows if r["method"] == SWEEP_REFERENCE and r["seed"] == seed), None)
+        dense = next((r for r in self.rows if r.is_reference and r.seed == seed), None)
         if dense is None:
             raise BSIError(f"'{self.folder}' holds no dense row for seed {seed}")
         return sum(c is not None for c in self.columns(dense)["correct"])
@@ -328,25 +328,24 @@ class SweepAnswers:
         answers = []
         for row in self._ordered(seed):
             columns = self.columns(row)
-            answers.append(ModelAnswer(row["method"], row["protocol"], float(row["target"]),
-                                       float(row.get("compression_ratio", 1.0)), row.get("recover_steps", 1) != 0
-                                       or row["method"] == SWEEP_REFERENCE, columns["prediction"][index],
-                                       columns["correct"][index]))
+            ratio = 1.0 if row.compression_ratio is None else float(row.compression_ratio)
+            answers.append(ModelAnswer(row.method, row.protocol, float(row.target), ratio, row.recovered,
+                                       columns["prediction"][index], columns["correct"][index]))
         problems = self.problems(seed)
         question = (problems.get("question") or [None] * (index + 1))[index]
         answer = (problems.get("answer") or [None] * (index + 1))[index]
         return ProblemAnswers(seed, index, question, answer, tuple(answers))
 
-    def _ordered(self, seed: int) -> list[dict]:
+    def _ordered(self, seed: int) -> list[StudyRow]:
         """The seed's rows with outcomes: dense first, then methods in sweep order, each largest size first."""
         order = {m: i for i, m in enumerate([SWEEP_REFERENCE, *self.methods])}
-        rows = [r for r in self.rows if r["seed"] == seed and r.get("outcomes")]
-        return sorted(rows, key=lambda r: (order[r["method"]], -float(r["target"]), r.get("recover_steps", 1) == 0))
+        rows = [r for r in self.rows if r.seed == seed and r.outcomes]
+        return sorted(rows, key=lambda r: (order[r.method], -float(r.target), not r.recovered))
 
-    def _row(self, method: str, target: float, seed: int) -> dict:
+    def _row(self, method: str, target: float, seed: int) -> StudyRow:
         for row in self.rows:
-            if (row["method"] == method and float(row["target"]) == target and row["seed"] == seed
-                    and row.get("recover_steps", 1) != 0 and row.get("outcomes")):
+            if row.method == method and float(row.target) == target and row.seed == seed and row.recovered \
+                    and row.outcomes:
                 return row
         sizes = ", ".join(f"{t:g}" for t in self.targets(method)) or "none"
         raise BSIError(f"'{self.folder}' holds no {method} model at {target:g} for seed {seed} "

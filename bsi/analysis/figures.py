@@ -26,6 +26,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from bsi.method.names import layer_block, layer_kind
+from bsi.results import StudyRow
 
 LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50), height=340,
               legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0))
@@ -206,34 +207,34 @@ def spectrum_figure(result: Any = None) -> go.Figure:
 
 
 # ------------------------------------------------------------------- sweeps
-def results_figure(rows: Sequence[dict], reference: str = "dense") -> go.Figure:
+def results_figure(rows: Sequence[StudyRow], reference: str = "dense") -> go.Figure:
     """Accuracy (left) and answer-token loss (right) against model size, one line per method.
 
-    ``rows`` are a sweep's ``results.jsonl`` records (``method``, ``target``,
-    ``params_total``, ``accuracy`` in [0, 1], ``loss``); the row whose method
-    is ``reference`` (the sweep's fine-tuned dense model) starts every line.
+    ``rows`` are a sweep's :class:`~bsi.results.StudyRow` records (method,
+    target, size, accuracy in [0, 1], loss); the row whose method is
+    ``reference`` (the sweep's fine-tuned dense model) starts every line.
     The size axis runs from large to small, in millions of parameters; the
     accuracy axis starts at 0.
     """
     if not rows:
         return empty_figure("Accuracy and loss against model size", "no results yet: load a sweep's results.jsonl")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy on the test split", "answer-token loss"))
-    ref = next((r for r in rows if r["method"] == reference), None)
-    methods = list(dict.fromkeys(r["method"] for r in rows if r["method"] != reference))
+    ref = next((r for r in rows if r.method == reference), None)
+    methods = list(dict.fromkeys(r.method for r in rows if r.method != reference))
     if not methods and ref is not None:
         methods = [reference]
     for i, method in enumerate(methods):
-        mine = sorted((r for r in rows if r["method"] == method), key=lambda r: -r["params_total"])
+        mine = sorted((r for r in rows if r.method == method), key=lambda r: -r.params_total)
         points = ([ref] if ref is not None and method != reference else []) + mine
-        x = [r["params_total"] / 1e6 for r in points]
-        text = [f"{r['method']} at target {r['target']:g}" for r in points]
+        x = [r.params_total / 1e6 for r in points]
+        text = [f"{r.method} at target {r.target:g}" for r in points]
         for col, key, scale, unit in ((1, "accuracy", 100.0, "%"), (2, "loss", 1.0, "")):
-            y = [r[key] * scale if _finite(r.get(key)) else None for r in points]
+            y = [getattr(r.metrics, key) * scale if _finite(getattr(r.metrics, key)) else None for r in points]
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=method, legendgroup=method,
                                      showlegend=col == 1, text=text, line={"color": METHOD_COLORS[i % len(METHOD_COLORS)]},
                                      hovertemplate="%{text}<br>%{x:.4g} M parameters<br>" + key +
                                                    " %{y:.4g}" + unit + "<extra></extra>"), row=1, col=col)
-    accuracies = [100 * r["accuracy"] for r in rows if _finite(r.get("accuracy"))]
+    accuracies = [100 * r.metrics.accuracy for r in rows if _finite(r.metrics.accuracy)]
     top = min(100.0, max(accuracies, default=0.0) * 1.15 + 2)
     for col in (1, 2):
         fig.update_xaxes(title_text="model size (M parameters, smaller to the right)", autorange="reversed",

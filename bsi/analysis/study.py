@@ -1,6 +1,6 @@
 """A comparison study's statistics: every method against ``bsi``, with paired bootstrap intervals.
 
-Input: the rows of a sweep (``results.jsonl``, one per evaluated model) and
+Input: the rows of a sweep (``results.jsonl``, one :class:`~bsi.results.StudyRow` per evaluated model) and
 each row's per-problem outcomes (``outcomes/*.json``: correct or not, summed
 answer-token loss, token count, in test-set order). Output: for every
 protocol, target and method
@@ -37,41 +37,36 @@ from typing import Any
 
 from bsi.analysis.stats import (Interval, Outcomes, paired_difference, per_seed_differences, seed_interval,
                                 value_interval)
+from bsi.results import REFERENCE, StudyRow
 
-REFERENCE = "dense"
 PUBLISHED = "published"  # the protocol label of the truncation methods' rows
 ANCHOR = "bsi"  # every method is compared with this one
 
-OutcomeLoader = Callable[[dict], Outcomes]
+OutcomeLoader = Callable[[StudyRow], Outcomes]
 
 
 def folder_loader(folder: str | Path) -> OutcomeLoader:
-    """Reads a row's outcomes from ``folder / row["outcomes"]``."""
+    """Reads a row's outcomes from ``folder / row.outcomes``."""
     root = Path(folder)
 
-    def load(row: dict) -> Outcomes:
-        return Outcomes.from_columns(json.loads((root / row["outcomes"]).read_text(encoding="utf-8")))
+    def load(row: StudyRow) -> Outcomes:
+        return Outcomes.from_columns(json.loads((root / row.outcomes).read_text(encoding="utf-8")))
 
     return load
 
 
-def rows_of(rows: Sequence[dict], protocol: str) -> list[dict]:
+def rows_of(rows: Sequence[StudyRow], protocol: str) -> list[StudyRow]:
     """The rows a protocol's table holds: the dense reference, the published truncations, its engine rows."""
-    return [r for r in rows if r.get("protocol") in (REFERENCE, PUBLISHED, protocol) and r.get("outcomes")]
+    return [r for r in rows if r.protocol in (REFERENCE, PUBLISHED, protocol) and r.outcomes]
 
 
-def _by_seed(rows: Sequence[dict], method: str, target: float) -> dict[int, dict]:
-    return {r["seed"]: r for r in rows if r["method"] == method and math.isclose(r["target"], target)}
+def _by_seed(rows: Sequence[StudyRow], method: str, target: float) -> dict[int, StudyRow]:
+    return {r.seed: r for r in rows if r.method == method and math.isclose(r.target, target)}
 
 
-def recovered(row: dict) -> bool:
-    """Whether a row's model was recovered (rows of ``also_unrecovered`` have ``recover_steps`` 0; older rows none)."""
-    return row.get("recover_steps") != 0
-
-
-def is_text_study(rows: Sequence[dict]) -> bool:
+def is_text_study(rows: Sequence[StudyRow]) -> bool:
     """Whether the rows are of a text task: their metrics carry a perplexity (the loss is the mean next-token NLL)."""
-    return any(r.get("perplexity") is not None for r in rows)
+    return any(r.is_text for r in rows)
 
 
 def _exp_interval(entry: Mapping[str, Any]) -> dict[str, Any]:
@@ -84,10 +79,10 @@ def _exp_interval(entry: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _method_table(rows: Sequence[dict], targets: Sequence[float], outcomes: OutcomeLoader, anchor: str, text: bool,
+def _method_table(rows: Sequence[StudyRow], targets: Sequence[float], outcomes: OutcomeLoader, anchor: str, text: bool,
                   resamples: int) -> dict[str, dict[str, Any]]:
     """Per method and target: pooled values with intervals, and the paired difference from ``anchor`` in ``rows``."""
-    methods = list(dict.fromkeys(r["method"] for r in rows))
+    methods = list(dict.fromkeys(r.method for r in rows))
     table: dict[str, dict[str, Any]] = {}
     for method in methods:
         for target in targets:
@@ -98,18 +93,18 @@ def _method_table(rows: Sequence[dict], targets: Sequence[float], outcomes: Outc
             runs = [outcomes(cells[s]) for s in seeds]
             entry: dict[str, Any] = {
                 "seeds": seeds,
-                "params_total": sum(cells[s]["params_total"] for s in seeds) / len(seeds),
-                "compression_ratio": sum(cells[s]["compression_ratio"] for s in seeds) / len(seeds),
-                "recover_lr": sorted({cells[s].get("recover_lr") for s in seeds} - {None}),
-                "recover_steps": cells[seeds[0]].get("recover_steps"),
+                "params_total": sum(cells[s].params_total for s in seeds) / len(seeds),
+                "compression_ratio": sum(cells[s].compression_ratio for s in seeds) / len(seeds),
+                "recover_lr": sorted({cells[s].recover_lr for s in seeds} - {None}),
+                "recover_steps": cells[seeds[0]].recover_steps,
                 **{stat: value_interval(runs, stat, resamples=resamples).to_dict() for stat in ("accuracy", "loss")},
             }
             if text:
                 entry["perplexity"] = _exp_interval(entry["loss"])
-            timed = [cells[s] for s in seeds if cells[s].get("ms_per_token")]
+            timed = [cells[s].speed for s in seeds if cells[s].speed is not None]
             if timed:  # decode speed, measured side by side with the dense model (bsi.analysis.speed)
-                entry["ms_per_token"] = sum(r["ms_per_token"] for r in timed) / len(timed)
-                entry["speedup"] = sum(r["dense_ms_per_token"] / r["ms_per_token"] for r in timed) / len(timed)
+                entry["ms_per_token"] = sum(speed.ms_per_token for speed in timed) / len(timed)
+                entry["speedup"] = sum(speed.speedup for speed in timed) / len(timed)
             ours = _by_seed(rows, anchor, target)
             shared = [s for s in seeds if s in ours]
             if method != anchor and shared:
@@ -131,7 +126,7 @@ def _method_table(rows: Sequence[dict], targets: Sequence[float], outcomes: Outc
     return table
 
 
-def study_stats(rows: Sequence[dict], load: OutcomeLoader, protocols: Sequence[str], *,
+def study_stats(rows: Sequence[StudyRow], load: OutcomeLoader, protocols: Sequence[str], *,
                 anchor: str = ANCHOR, resamples: int = 4000) -> dict[str, Any]:
     """Intervals for every (protocol, method, target) and differences from ``anchor``; plain JSON values.
 
@@ -145,29 +140,28 @@ def study_stats(rows: Sequence[dict], load: OutcomeLoader, protocols: Sequence[s
     """
     cache: dict[str, Outcomes] = {}
 
-    def outcomes(row: dict) -> Outcomes:
-        if row["outcomes"] not in cache:
-            cache[row["outcomes"]] = load(row)
-        return cache[row["outcomes"]]
+    def outcomes(row: StudyRow) -> Outcomes:
+        if row.outcomes not in cache:
+            cache[row.outcomes] = load(row)
+        return cache[row.outcomes]
 
     text = is_text_study(rows)
     out: dict[str, Any] = {"anchor": anchor, "task": "text" if text else "qa", "protocols": {}}
-    dense = [r for r in rows if r["method"] == REFERENCE and r.get("outcomes")]
+    dense = [r for r in rows if r.is_reference and r.outcomes]
     if dense:
-        runs = [outcomes(r) for r in sorted(dense, key=lambda r: r["seed"])]
-        out["dense"] = {"seeds": sorted(r["seed"] for r in dense), "params_total": dense[0]["params_total"],
+        runs = [outcomes(r) for r in sorted(dense, key=lambda r: r.seed)]
+        out["dense"] = {"seeds": sorted(r.seed for r in dense), "params_total": dense[0].params_total,
                         **{stat: value_interval(runs, stat, resamples=resamples).to_dict() for stat in ("accuracy", "loss")}}
         if text:
             out["dense"]["perplexity"] = _exp_interval(out["dense"]["loss"])
-            out["perplexity_protocol"] = next((r["perplexity_protocol"] for r in dense if r.get("perplexity_protocol")),
-                                              None)
+            out["perplexity_protocol"] = next((r.perplexity_protocol for r in dense if r.perplexity_protocol), None)
     for protocol in protocols:
-        mine = [r for r in rows_of(rows, protocol) if r["method"] != REFERENCE]
-        targets = sorted({r["target"] for r in mine}, reverse=True)
+        mine = [r for r in rows_of(rows, protocol) if not r.is_reference]
+        targets = sorted({r.target for r in mine}, reverse=True)
         out["protocols"][protocol] = {
             "targets": targets,
-            "methods": _method_table([r for r in mine if recovered(r)], targets, outcomes, anchor, text, resamples),
-            "no_recovery": _method_table([r for r in mine if not recovered(r)], targets, outcomes, anchor, text,
+            "methods": _method_table([r for r in mine if r.recovered], targets, outcomes, anchor, text, resamples),
+            "no_recovery": _method_table([r for r in mine if not r.recovered], targets, outcomes, anchor, text,
                                          resamples),
         }
     return out

@@ -24,7 +24,7 @@ from pathlib import Path
 from bsi.analysis.study import folder_loader, study_stats
 from bsi.app.format import significant
 from bsi.errors import BSIError
-from bsi.files import json_object
+from bsi.results import StudyRow, read_study_rows
 
 REQUIRED = ("method", "target", "params_total", "accuracy", "loss")
 HEADERS = ["protocol", "method", "target", "params (M)", "accuracy (%)", "95% interval", "loss", "95% interval",
@@ -47,26 +47,16 @@ def results_path(spec: str) -> Path:
     return path
 
 
-def load_results(spec: str) -> list[dict]:
+def load_results(spec: str) -> list[StudyRow]:
     """The rows of a sweep's results.jsonl, checked; raises BSIError naming a bad line."""
     path = results_path(spec)
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        row = json_object(line, number, path)
-        missing = [k for k in REQUIRED if k not in row]
-        if missing:
-            raise BSIError(f"{path}, line {number}: missing field(s) {', '.join(missing)}")
-        if not isinstance(row["params_total"], (int, float)) or not isinstance(row["accuracy"], (int, float)):
-            raise BSIError(f"{path}, line {number}: params_total and accuracy must be numbers")
-        rows.append(row)
+    rows = read_study_rows(path, needs=REQUIRED)
     if not rows:
         raise BSIError(f"{path} holds no results yet")
     return rows
 
 
-def load_stats(spec: str, rows: Sequence[dict]) -> dict | None:
+def load_stats(spec: str, rows: Sequence[StudyRow]) -> dict | None:
     """The sweep's intervals: its ``stats.json``, else computed from the outcomes; None for a sweep without outcomes."""
     folder = results_path(spec).parent
     saved = folder / "stats.json"
@@ -75,9 +65,9 @@ def load_stats(spec: str, rows: Sequence[dict]) -> dict | None:
             return json.loads(saved.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise BSIError(f"{saved} is not valid JSON ({err}); delete it to compute it again from the outcomes") from None
-    if not all(r.get("outcomes") for r in rows):
+    if not all(r.outcomes for r in rows):
         return None
-    protocols = sorted({r["protocol"] for r in rows} - {"dense", "published"}) or ["tuned"]
+    protocols = sorted({r.protocol for r in rows} - {None, "dense", "published"}) or ["tuned"]
     try:
         return study_stats(rows, folder_loader(folder), protocols, resamples=2000)
     except (OSError, KeyError, ValueError) as err:
@@ -119,11 +109,12 @@ def table(stats: dict) -> list[list]:
     return out
 
 
-def plain_table(rows: Sequence[dict]) -> list[list]:
+def plain_table(rows: Sequence[StudyRow]) -> list[list]:
     """Rows of a sweep without outcomes: point estimates only."""
-    ordered = sorted(rows, key=lambda r: (str(r.get("protocol", "")), str(r["method"]), -r["params_total"]))
-    return [[r.get("protocol", ""), r["method"], r["target"], significant(r["params_total"] / 1e6),
-             significant(100 * r["accuracy"]), "", significant(r["loss"] if math.isfinite(r["loss"]) else None), "", "", ""]
+    ordered = sorted(rows, key=lambda r: (r.protocol or "", r.method, -r.params_total))
+    return [[r.protocol or "", r.method, r.target, significant(r.params_total / 1e6),
+             significant(100 * r.metrics.accuracy), "",
+             significant(r.metrics.loss if math.isfinite(r.metrics.loss) else None), "", "", ""]
             for r in ordered]
 
 
@@ -133,8 +124,8 @@ def view(spec: str):
 
     rows = load_results(spec)
     stats = load_stats(spec, rows)
-    methods = sorted({str(r["method"]) for r in rows})
-    seeds = sorted({r.get("seed", 0) for r in rows})
+    methods = sorted({r.method for r in rows})
+    seeds = sorted({r.seed for r in rows})
     status = f"{len(rows)} evaluated models, methods: {', '.join(methods)}; seeds {', '.join(map(str, seeds))}"
     if stats is None:
         return (status + " (no per-problem outcomes in this sweep: no intervals)", results_figure(rows),

@@ -183,16 +183,16 @@ def describe(report) -> str:
     from bsi.pipeline.sweep import CellReport, row_key
 
     if isinstance(report, CellReport):
-        r = report.row
-        lr = f", lr {r['recover_lr']:g}" if r.get("recover_lr") is not None else ", no recovery"
-        state = "already done" if report.skipped else \
-            f"{r.get('recover_seconds', 0) + r.get('eval_seconds', 0):.0f} s{lr}"
-        if r.get("perplexity") is not None:
-            value = f"perplexity {r['perplexity']:.3f}, mean next-token loss {r['loss']:.4f}"
+        r, metrics = report.row, report.row.metrics
+        lr = f", lr {r.recover_lr:g}" if r.recover_lr is not None else ", no recovery"
+        seconds = (r.run.recover_seconds if r.run else 0.0) + (r.eval_seconds or 0.0)
+        state = "already done" if report.skipped else f"{seconds:.0f} s{lr}"
+        if metrics.perplexity is not None:
+            value = f"perplexity {metrics.perplexity:.3f}, mean next-token loss {metrics.loss:.4f}"
         else:
-            acc = f"{100 * r['accuracy']:.1f}%" if r.get("accuracy") is not None and math.isfinite(r["accuracy"]) else "-"
-            value = f"accuracy {acc}, loss {r['loss']:.4f}"
-        return f"[{report.index}/{report.total}] {row_key(r)}: {r['params_total']:,} params, {value} ({state})"
+            acc = f"{100 * metrics.accuracy:.1f}%" if math.isfinite(metrics.accuracy) else "-"
+            value = f"accuracy {acc}, loss {metrics.loss:.4f}"
+        return f"[{report.index}/{report.total}] {row_key(r)}: {r.params_total:,} params, {value} ({state})"
     losses = ", ".join(f"{lr:g}: {loss:.4f}" for lr, loss in report.losses.items())
     return (f"learning rate for {report.method} ({report.protocol}) near {report.target:g}: {report.chosen:g} "
             f"(validation loss {losses})")

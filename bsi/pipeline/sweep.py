@@ -53,17 +53,18 @@ from typing import Any
 from torch import nn
 
 from bsi.analysis.answers import PROBLEMS
-from bsi.analysis.study import PUBLISHED, REFERENCE, folder_loader, recovered, study_markdown, study_stats
+from bsi.analysis.study import PUBLISHED, folder_loader, study_markdown, study_stats
 from bsi.config import PROTOCOLS, PipelineConfig, SweepConfig, is_engine_method, resolve_config
 from bsi.data import is_text_task
 from bsi.errors import BSIError
-from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, folder_lock, json_object
+from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, folder_lock
 from bsi.models import resolve_device, resolve_dtype
 from bsi.pipeline.evaluate import Evaluation, Metrics
 from bsi.pipeline.distributed import from_environment
 from bsi.pipeline.methods import BaselineConfig, get_method
 from bsi.pipeline.runner import Pipeline, Report
 from bsi.reports import SizeReport, StageReport
+from bsi.results import REFERENCE, DecodeSpeed, MethodRun, StudyRow, read_study_rows
 
 OUTCOMES = "outcomes"
 #: The pipeline settings of a text task only: a question/answer sweep's fingerprint leaves them out.
@@ -76,7 +77,7 @@ class CellReport:
 
     index: int  # 1-based position in the grid
     total: int
-    row: dict
+    row: StudyRow
     skipped: bool = False
 
 
@@ -99,9 +100,9 @@ def cell_key(protocol: str, method: str, target: float, seed: int, recovered: bo
     return f"{protocol}/{method}@{target:g}/s{seed}" + ("" if recovered else "/no-recovery")
 
 
-def row_key(row: dict) -> str:
+def row_key(row: StudyRow) -> str:
     """The cell a row of ``results.jsonl`` belongs to."""
-    return cell_key(row["protocol"], row["method"], row["target"], row["seed"], recovered(row))
+    return cell_key(row.protocol, row.method, row.target, row.seed, row.recovered)
 
 
 def protocol_label(method: str, protocol: str) -> str:
@@ -187,12 +188,13 @@ class Sweep:
         They read again under the folder's lock, so that rows another process
         added since this object was made are kept, not overwritten.
         """
-        self.rows: list[dict] = []
+        self.rows: list[StudyRow] = []
         self.lr_choices: dict[tuple[str, str, float], float] = {}
         self.dense: dict[int, Metrics] = {}
         found = self._read_rows()
         self._check_fingerprint(found, f"'{self.out_dir}' holds", "use a new --out folder to run this one")
-        self._check_precision(found, self.execution(), "this run would compute")
+        here = self.execution()
+        self._check_precision(found, here["device"], here["dtype"], "this run would compute")
         for row in found:
             self._add_row(row)
 
@@ -229,15 +231,11 @@ class Sweep:
         blob = json.dumps({"config": config, "settings": settings, "version": 2}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def _read_rows(self, folder: Path | None = None) -> list[dict]:
+    def _read_rows(self, folder: Path | None = None) -> list[StudyRow]:
         path = self.results_path if folder is None else sweep_results(folder)
         if not path.is_file():
             return []
-        rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if line.strip():
-                rows.append(json_object(line, number, path))  # a bad line: fix or delete the file
-        return rows
+        return read_study_rows(path)  # a bad line: fix or delete the file
 
     def merge(self, other: str | Path) -> list[str]:
         """Add the finished cells of ``other``, a folder of this same sweep run elsewhere; returns their names.
@@ -260,9 +258,9 @@ class Sweep:
         theirs = self._read_rows(source)  # a one-line error when it holds none
         self._check_fingerprint(theirs, f"'{source}' holds", "only folders of the same sweep merge")
         for row in theirs:  # one precision in the merged folder
-            self._check_precision(self.rows, row, f"'{source}' holds rows computed")
+            self._check_precision(self.rows, row.device, row.dtype, f"'{source}' holds rows computed")
         here = {row_key(r): r for r in self.rows}
-        new: list[dict] = []
+        new: list[StudyRow] = []
         for row in theirs:
             key = row_key(row)
             if key in here:
@@ -274,14 +272,14 @@ class Sweep:
         outcomes = {}
         for row in new:
             try:
-                text = (source / row["outcomes"]).read_text(encoding="utf-8")
+                text = (source / row.outcomes).read_text(encoding="utf-8")
                 json.loads(text)
             except (OSError, ValueError) as err:
                 raise BSIError(f"'{source}': the outcomes of cell {row_key(row)} cannot be read ({err}); "
                                "copy the folder again, outcomes/ included") from None
-            outcomes[row["outcomes"]] = text
-            if row["method"] == REFERENCE and (source / problems_file(row["seed"])).is_file():
-                outcomes[problems_file(row["seed"])] = (source / problems_file(row["seed"])).read_text(encoding="utf-8")
+            outcomes[row.outcomes] = text
+            if row.is_reference and (source / problems_file(row.seed)).is_file():
+                outcomes[problems_file(row.seed)] = (source / problems_file(row.seed)).read_text(encoding="utf-8")
         for name, text in outcomes.items() if self.dist.is_main else ():
             atomic_write_text(self.out_dir / name, text)
         for row in new:
@@ -289,20 +287,19 @@ class Sweep:
         self.write()
         return [row_key(r) for r in new]
 
-    def _same_result(self, mine: dict, theirs: dict, source: Path) -> bool:
+    def _same_result(self, mine: StudyRow, theirs: StudyRow, source: Path) -> bool:
         """Whether a cell computed twice (here and in ``source``) gave the same result.
 
-        The rows must agree on everything but their wall times (``*_seconds``:
-        how long it took, not what it gave), and the two outcome files on
-        every problem. A cell recomputed on another machine of the same kind
-        is expected to agree: the merge is also how that is checked.
+        The rows must agree on everything but their wall times
+        (:meth:`~bsi.results.StudyRow.result`: how long it took is not what it
+        gave; compared as JSON, so a text row's NaN accuracy equals itself),
+        and the two outcome files on every problem. A cell recomputed on
+        another machine of the same kind is expected to agree: the merge is
+        also how that is checked.
         """
-        def result(row: dict) -> dict:
-            return {k: v for k, v in row.items() if not k.endswith("_seconds")}
-
-        if result(mine) != result(theirs):
+        if json.dumps(mine.result(), sort_keys=True) != json.dumps(theirs.result(), sort_keys=True):
             return False
-        name = mine.get("outcomes")  # the same in both rows, now
+        name = mine.outcomes  # the same in both rows, now
         if name is None:  # no outcome files: the rows are the result
             return True
         try:
@@ -311,21 +308,20 @@ class Sweep:
         except (OSError, ValueError):  # an unreadable file cannot be shown to agree
             return False
 
-    def _add_row(self, row: dict) -> None:
+    def _add_row(self, row: StudyRow) -> None:
         """Hold a finished row: a dense reference after the others (and its metrics), a recorded lr choice."""
-        if row["method"] == REFERENCE:
-            self.rows.insert(sum(r["method"] == REFERENCE for r in self.rows), row)
-            self.dense[row["seed"]] = Metrics(row["accuracy"], row["loss"], row["examples"], row.get("loss_examples"),
-                                              row.get("perplexity"))
+        if row.is_reference:
+            self.rows.insert(sum(r.is_reference for r in self.rows), row)
+            self.dense[row.seed] = row.metrics
         else:
             self.rows.append(row)
-        if (row.get("lr_choice") or {}).get("chosen_here"):
-            self.lr_choices.setdefault((row["protocol"], row["method"], row["target"]), row["recover_lr"])
+        if row.run is not None and (row.run.lr_choice or {}).get("chosen_here"):
+            self.lr_choices.setdefault((row.protocol, row.method, row.target), row.run.recover_lr)
 
-    def _check_fingerprint(self, rows: list[dict], holder: str, advice: str) -> None:
+    def _check_fingerprint(self, rows: list[StudyRow], holder: str, advice: str) -> None:
         """Refuse ``rows`` of another sweep (``holder``: "'folder' holds"; ``advice``: what to do instead)."""
         mine = self.fingerprint()
-        if any(row.get("fingerprint") != mine for row in rows):
+        if any(row.fingerprint != mine for row in rows):
             raise BSIError(f"{holder} a sweep made with other settings (model, data, schedule, recovery or "
                            f"learning-rate grid); {advice}")
 
@@ -334,17 +330,18 @@ class Sweep:
         device = resolve_device(self.config.device)
         return {"device": device.type, "dtype": str(resolve_dtype(self.config.dtype, device)).removeprefix("torch.")}
 
-    def _check_precision(self, rows: list[dict], new: dict, what: str) -> None:
-        """Refuse to put ``new`` (a row, or this run's :meth:`execution`, as ``what`` says) beside ``rows`` of another precision.
+    def _check_precision(self, rows: list[StudyRow], device: str | None, dtype: str | None, what: str) -> None:
+        """Refuse to put a row computed in ``dtype`` on ``device`` (a row's, or this run's :meth:`execution`, as
+        ``what`` says) beside ``rows`` of another precision.
 
         Rows made before bsi recorded their ``dtype`` are not checked.
         """
-        if not new.get("dtype"):
+        if not dtype:
             return
-        theirs = sorted({row["dtype"] for row in rows if row.get("dtype")} - {new["dtype"]})
+        theirs = sorted({row.dtype for row in rows if row.dtype} - {dtype})
         if theirs:
-            raise BSIError(f"'{self.out_dir}' holds rows computed in {theirs[0]}, and {what} in {new['dtype']} "
-                           f"(on {new['device']}): one folder holds one precision; pass --dtype {theirs[0]} to extend "
+            raise BSIError(f"'{self.out_dir}' holds rows computed in {theirs[0]}, and {what} in {dtype} "
+                           f"(on {device}): one folder holds one precision; pass --dtype {theirs[0]} to extend "
                            "it, else use a new --out folder")
 
     def write(self, *, summaries: bool = True) -> None:
@@ -360,7 +357,7 @@ class Sweep:
         atomic_write_json(self.out_dir / "sweep.json", {"config": self.config.to_dict(),
                                                         "settings": self.settings.to_dict(),
                                                         "fingerprint": self.fingerprint()})
-        atomic_write_text(self.results_path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.rows))
+        atomic_write_text(self.results_path, "".join(json.dumps(r.to_dict(), sort_keys=True) + "\n" for r in self.rows))
         if not summaries:
             return
         stats = self.stats()
@@ -440,17 +437,17 @@ class Sweep:
 
     def seeds_held(self) -> list[int]:
         """The seeds the folder's rows hold (merged ones included), else the settings' seeds (nothing run yet)."""
-        return sorted({int(row["seed"]) for row in self.rows}) or list(self.settings.seeds)
+        return sorted({int(row.seed) for row in self.rows}) or list(self.settings.seeds)
 
     def execution_note(self) -> str:
         """Where the rows were computed, e.g. `` Computed in float32: seeds 0, 1 on cpu, seed 2 on cuda.`` ('' if unrecorded)."""
         seeds: dict[str, set[int]] = {}
         for row in self.rows:
-            if row.get("device"):
-                seeds.setdefault(row["device"], set()).add(row["seed"])
+            if row.device:
+                seeds.setdefault(row.device, set()).add(row.seed)
         if not seeds:
             return ""
-        dtypes = sorted({row["dtype"] for row in self.rows if row.get("dtype")})
+        dtypes = sorted({row.dtype for row in self.rows if row.dtype})
         where = ", ".join(f"seed{'s' if len(s) > 1 else ''} {', '.join(map(str, sorted(s)))} on {device}"
                           for device, s in sorted(seeds.items(), key=lambda item: min(item[1])))
         return f" Computed in {' and '.join(dtypes)}: {where}."
@@ -465,6 +462,8 @@ class Sweep:
         with self._exclusive():
             self._load()
             yield from self._run_missing()
+            if self.dist.is_main and not (self.out_dir / "results.md").is_file():
+                self.write()  # every cell was done but a run stopped before its summaries: write them now
 
     def _run_missing(self) -> Iterator[Report | CellReport | LearningRateReport]:
         cells = self.cells()
@@ -498,13 +497,12 @@ class Sweep:
         pipeline = Pipeline(PipelineConfig.from_dict(self.config.to_dict() | {"seed": seed}), cache_dir=self.cache_dir)
         yield from pipeline.reference_stage()
         evaluation = pipeline.evaluations["finetuned"]
-        metrics = evaluation.metrics
-        row = {"method": REFERENCE, "protocol": REFERENCE, "target": 1.0, "seed": seed, "fingerprint": self.fingerprint(),
-               "params_total": pipeline.params_before, "params_before": pipeline.params_before, "compression_ratio": 1.0,
-               "compressible_ratio": 1.0, **metrics.to_dict(), "outcomes": self._save_outcomes(REFERENCE, REFERENCE, 1.0, seed, evaluation),
-               "eval_seconds": 0.0, **self.execution()}
-        if "finetuned" in pipeline.perplexities:  # a text task: what every row's perplexity was measured on, and how
-            row["perplexity_protocol"] = pipeline.perplexities["finetuned"]
+        row = StudyRow(method=REFERENCE, protocol=REFERENCE, target=1.0, seed=seed, fingerprint=self.fingerprint(),
+                       params_total=pipeline.params_before, params_before=pipeline.params_before,
+                       compression_ratio=1.0, compressible_ratio=1.0, metrics=evaluation.metrics,
+                       outcomes=self._save_outcomes(REFERENCE, REFERENCE, 1.0, seed, evaluation), eval_seconds=0.0,
+                       # a text task: what every row's perplexity was measured on, and how
+                       perplexity_protocol=pipeline.perplexities.get("finetuned"), **self.execution())
         if pipeline.task is not None and self.dist.is_main:  # what the answers answer (bsi answers, the Answers view)
             scored = pipeline.task.test[: len(evaluation.outcomes)]
             atomic_write_json(self.out_dir / problems_file(seed), {"question": [e.question for e in scored],
@@ -554,11 +552,10 @@ class Sweep:
             recover_seconds = time.perf_counter() - start
             start = time.perf_counter()
             yield from pipeline.evaluate(model, "recovered")
-            row = self._row(pipeline, model, method, protocol, target, seed, choice,
-                            {"compress_seconds": compress_seconds, "recover_seconds": recover_seconds,
-                             "eval_seconds": time.perf_counter() - start})
-            row.update((yield from self._speed(pipeline, model, seed)))
-            row = self.dist.from_main(row)  # rank 0's timings everywhere
+            made = self._method_run(pipeline, choice, compress_seconds, recover_seconds)
+            row = self._row(pipeline, model, method, protocol, target, seed, made, time.perf_counter() - start)
+            speed = yield from self._speed(pipeline, model)
+            row = self.dist.from_main(dataclasses.replace(row, speed=speed))  # rank 0's timings everywhere
             self.rows.append(row)
             self.write(summaries=False)
             yield CellReport(index((target, True)), total, row)
@@ -570,9 +567,8 @@ class Sweep:
         yield from pipeline.recover(copied, dataclasses.replace(pipeline.config.recover, steps=0))
         start = time.perf_counter()
         yield from pipeline.evaluate(copied, "unrecovered")
-        row = self._row(pipeline, copied, method, protocol, target, seed, (None, None),
-                        {"compress_seconds": compress_seconds, "recover_seconds": 0.0,
-                         "eval_seconds": time.perf_counter() - start}, when="unrecovered")
+        made = MethodRun(recover_steps=0, compress_seconds=compress_seconds, notes=tuple(pipeline.notes))
+        row = self._row(pipeline, copied, method, protocol, target, seed, made, time.perf_counter() - start)
         row = self.dist.from_main(row)
         self.rows.append(row)
         self.write(summaries=False)
@@ -621,30 +617,36 @@ class Sweep:
             atomic_write_json(self.out_dir / name, evaluation.columns())
         return name
 
+    @staticmethod
+    def _method_run(pipeline: Pipeline, choice: tuple[float | None, dict | None], compress_seconds: float,
+                    recover_seconds: float) -> MethodRun:
+        """How a recovered model was made: the shared recovery's steps, the rate used and how it was chosen."""
+        steps = pipeline.config.recover.steps
+        lr, lr_choice = choice
+        return MethodRun(recover_steps=steps, recover_lr=lr if steps else None, lr_choice=lr_choice,
+                         compress_seconds=compress_seconds, recover_seconds=recover_seconds,
+                         notes=tuple(pipeline.notes))
+
     def _row(self, pipeline: Pipeline, model: nn.Module, method: str, protocol: str, target: float, seed: int,
-             choice: tuple[float | None, dict | None], seconds: dict, when: str = "recovered") -> dict:
-        """A row of ``results.jsonl`` for ``model``, evaluated as ``when`` (``recovered`` or ``unrecovered``)."""
+             made: MethodRun, eval_seconds: float) -> StudyRow:
+        """The row of ``model`` (evaluated before recovery when ``made`` has no recovery steps)."""
         from bsi.method.surgery import compressible_parameters, model_parameters
 
-        evaluation = pipeline.evaluations[when]
+        recovered = made.recover_steps > 0
+        evaluation = pipeline.evaluations["recovered" if recovered else "unrecovered"]
         params = model_parameters(model)
         now, dense = compressible_parameters(model)
-        lr, lr_choice = choice
-        steps = pipeline.config.recover.steps if when == "recovered" else 0
-        return {
-            "method": method, "protocol": protocol, "target": target, "seed": seed, "fingerprint": self.fingerprint(),
-            "params_total": params, "params_before": pipeline.params_before,
-            "compression_ratio": pipeline.params_before / params, "compressible_ratio": now / dense,
-            **evaluation.metrics.to_dict(), "recover_steps": steps, "recover_lr": lr if steps else None,
-            "lr_choice": lr_choice,
-            "outcomes": self._save_outcomes(protocol, method, target, seed, evaluation, recovered=steps > 0),
-            "notes": list(pipeline.notes), **self.execution(), **seconds,
-        }
+        return StudyRow(method=method, protocol=protocol, target=target, seed=seed, fingerprint=self.fingerprint(),
+                        params_total=params, params_before=pipeline.params_before,
+                        compression_ratio=pipeline.params_before / params, compressible_ratio=now / dense,
+                        metrics=evaluation.metrics, run=made, eval_seconds=eval_seconds,
+                        outcomes=self._save_outcomes(protocol, method, target, seed, evaluation, recovered=recovered),
+                        **self.execution())
 
-    def _speed(self, pipeline: Pipeline, model: nn.Module, seed: int):
-        """Decode speed of the recovered model against the dense one, measured side by side (when asked)."""
+    def _speed(self, pipeline: Pipeline, model: nn.Module):
+        """Decode speed of the recovered model against the dense one, measured side by side (None: not asked)."""
         if not self.settings.speed_repeats or not self.dist.is_main:  # one process times; others would disturb it
-            return {}
+            return None
         from bsi.analysis.speed import measure_speeds
         from bsi.models import load_model_and_tokenizer
 
@@ -654,6 +656,4 @@ class Sweep:
         speeds = measure_speeds({REFERENCE: dense, "model": model}, tokenizer,
                                 new_tokens=self.settings.speed_tokens, repeats=self.settings.speed_repeats)
         yield StageReport("speed", "end")
-        mine, base = speeds["model"], speeds[REFERENCE]
-        return {"ms_per_token": mine.ms_per_token, "dense_ms_per_token": base.ms_per_token,
-                "speedup": base.ms_per_token / mine.ms_per_token}
+        return DecodeSpeed(ms_per_token=speeds["model"].ms_per_token, dense_ms_per_token=speeds[REFERENCE].ms_per_token)
