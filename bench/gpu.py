@@ -74,7 +74,7 @@ from bsi.method.curvature import profile_batch  # noqa: E402
 from bsi.method.layers import LowRankLinear  # noqa: E402
 from bsi.method.surgery import model_parameters, to_exported_form  # noqa: E402
 from bsi.pipeline.export import load_compressed, write_model_files  # noqa: E402
-from bsi.pipeline.runner import recovery_parameters  # noqa: E402
+from bsi.pipeline.stages import recovery_parameters  # noqa: E402
 from bsi.pipeline.training import finetune  # noqa: E402
 from bsi.reports import RoundReport  # noqa: E402
 

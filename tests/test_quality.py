@@ -20,7 +20,8 @@ from bsi.method.layers import BasisLinear, LowRankLinear, SigmaGradientRecorder,
 from bsi.method.schedule import cut_caps, gradual_budgets, path_budgets, split_rounds
 from bsi.method.surgery import compressible_linear_names, to_basis_form
 from bsi.pipeline.losses import DistillationLoss, answer_token_loss, distillation_kl
-from bsi.pipeline.runner import Pipeline, recovery_parameters
+from bsi.pipeline.runner import Pipeline
+from bsi.pipeline.stages import recovery_parameters
 from bsi.reports import RoundReport
 
 

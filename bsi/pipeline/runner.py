@@ -25,6 +25,12 @@ answer tokens, evaluated by accuracy and answer-token loss) or a *text task*
 has the keys of a task batch with labels equal to its inputs, so the loss,
 every curvature source, every method and the recovery run on it unchanged.
 
+The stages themselves are functions of a model (:mod:`bsi.pipeline.stages`:
+fine-tune, recover, evaluate; compression is the method's). A
+:class:`Pipeline` holds what one configuration loads (the task, the model,
+the tokenizer, the batch streams) and composes them: :meth:`Pipeline.run`
+for ``bsi compress``, and, one size at a time, :class:`~bsi.pipeline.sweep.Sweep`.
+
 :meth:`Pipeline.run` is a generator of typed reports (stage boundaries, steps,
 rounds, evaluations, and a final :class:`~bsi.reports.DoneReport`). Nothing is
 written to ``out_dir`` until the end, and then atomically.
@@ -56,43 +62,25 @@ from bsi.pipeline.distributed import from_environment
 from bsi.method.engine import Compressor
 from bsi.errors import BSIError
 from bsi.pipeline.losses import DistillationLoss, answer_token_loss
-from bsi.pipeline.evaluate import Evaluation, Metrics, ProblemOutcome, evaluate
+from bsi.pipeline.evaluate import Evaluation, Metrics, evaluate
 from bsi.pipeline.export import WEIGHTS, write_model_files
 from bsi.files import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir, refuse_to_replace
 from bsi.models import cache_root, load_model_and_tokenizer, model_id, resolve_device, resolve_dtype
-from bsi.method.surgery import (basis_layers, compressible_linear_names, compressible_parameters, model_parameters,
-                                to_exported_form)
+from bsi.method.surgery import compressible_linear_names, compressible_parameters, model_parameters
 from bsi.pipeline.methods import BaselineConfig, EngineResume, EngineRun, MethodContext, engine_method, get_method
-from bsi.pipeline.perplexity import (LOSS_MEANING, measure_perplexity, model_context, protocol_record,
-                                     text_task_perplexity)
-from bsi.reports import DoneReport, EvalReport, Report, RoundReport, StageReport, StepReport
+from bsi.pipeline.perplexity import LOSS_MEANING, measure_perplexity, model_context
+from bsi.pipeline.stages import DENSE_RECOVERY, SkipLimit, eval_report, evaluate_model, recover_model, train_dense
+from bsi.reports import DoneReport, Report, RoundReport, StageReport, StepReport
 from bsi.results import RunSummary
-from bsi.pipeline.training import finetune
 
 CHECKPOINT = "checkpoint"  # sub-folder of out_dir holding the last complete round
 ROUND_RECORDS = "rounds-layers.jsonl.gz"  # every round's full per-layer record (RoundReport.to_dict(), one a line)
-DENSE_RECOVERY = "dense-recover"  # the stage training the dense model with the recovery's budget (dense_recovery)
 
 
 def compact_round(report: RoundReport) -> dict[str, Any]:
     """A round's scalars and per-layer ranks (what ``rounds.jsonl`` records)."""
     plain = {k: v for k, v in report.to_dict().items() if k != "layers"}
     return plain | {"ranks": {layer.name: layer.rank_after for layer in report.layers}}
-
-
-def recovery_parameters(model: nn.Module, train_embeddings: bool = False) -> list[nn.Parameter]:
-    """What factor recovery trains: every parameter of the exported model except the embeddings (unless asked).
-
-    That is the two factors of each `LowRankLinear`, the layers kept dense,
-    the biases and the norms; an output layer tied to the embedding counts as
-    the embedding.
-    """
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    unique: dict[int, nn.Parameter] = {}
-    for p in model.parameters():
-        if (train_embeddings or id(p) not in embeddings) and id(p) not in unique:
-            unique[id(p)] = p
-    return list(unique.values())
 
 
 def outcome_lines(evaluations: dict[str, Evaluation], task: TaskData | None) -> str:
@@ -144,23 +132,6 @@ def paired_differences(evaluations: dict[str, Evaluation], *, text: bool = False
             out[f"{mine} - {reference}"] = {stat: paired_difference([a], [b], stat).to_dict()
                                             for stat in (("loss",) if text else ("accuracy", "loss"))}
     return out
-
-
-def window_outcomes(nll_sums: Any, token_counts: Any) -> Evaluation:
-    """A text evaluation as per-problem outcomes: one per held-out window, its NLL sum over its scored tokens.
-
-    So a sweep's outcomes files, the paired bootstrap and the tables treat a
-    window as they treat a test problem (with nothing answered).
-    """
-    return Evaluation(tuple(ProblemOutcome(float(s), int(c)) for s, c in zip(nll_sums, token_counts)), text=True)
-
-
-def eval_report(when: str, metrics: Metrics, params_total: int, seconds: float) -> EvalReport:
-    """The :class:`EvalReport` of ``metrics``: on a text task it counts windows and carries the perplexity."""
-    text = metrics.perplexity is not None
-    examples = (metrics.loss_examples or 0) if text else metrics.examples
-    return EvalReport(when, metrics.accuracy, metrics.loss, examples, params_total, seconds,
-                      perplexity=metrics.perplexity)
 
 
 def check_run_folder(out_dir: str | Path, *, force: bool = False) -> Path:
@@ -263,7 +234,7 @@ class Pipeline:
         self.step_log: list[dict[str, Any]] = []  # every step's stage, step and loss, as run() passes it on
         self.params_before = self.compressible_before = 0
         self._resume: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None
-        self._skipped = 0
+        self.skips = SkipLimit(config.compress.max_skipped_batches)  # non-finite steps, over the training stages
         self.sharding: Any = None  # a bsi.pipeline.fsdp.Sharding while the Basel form is sharded (fsdp=True)
         #: called before every cut of the engine's rounds (see Compressor's before_cut): a study of the
         #: ranking (bench/ranking.py) or the dashboard's round snapshots hook in here
@@ -357,15 +328,7 @@ class Pipeline:
             yield StageReport("finetune", "end", str(folder), cached=True)
             return
         yield StageReport("finetune", "start", f"{cfg.finetune.steps} steps")
-        for p in self.model.parameters():
-            p.requires_grad_(True)
-        hooks = self.dist.sync_gradients(self.model.parameters())
-        yield from self._limit_skips(finetune(
-            self.model, self.stream(1), steps=cfg.finetune.steps, lr=cfg.finetune.lr, stage="finetune",
-            weight_decay=cfg.finetune.weight_decay, max_grad_norm=cfg.finetune.max_grad_norm,
-            warmup_steps=cfg.finetune.warmup_steps))
-        for hook in hooks:
-            hook.remove()
+        yield from train_dense(self.model, self.stream(1), cfg.finetune, dist=self.dist, skips=self.skips)
         if self.dist.is_main:  # rank 0 writes the cache; the others hold the same weights
             folder.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=folder.parent))
@@ -553,104 +516,43 @@ class Pipeline:
             self.sharding.gather()
             self.sharding = None
 
-    def _limit_skips(self, reports: Iterator[Report]) -> Iterator[Report]:
-        """Count skipped (non-finite) steps of stages 1 and 3; stop with a clear error past the limit."""
-        limit = self.config.compress.max_skipped_batches
-        for report in reports:
-            if isinstance(report, StepReport) and report.skipped and report.stage in ("finetune", "recover",
-                                                                                       DENSE_RECOVERY):
-                self._skipped += 1
-                if self._skipped > limit:
-                    raise BSIError(
-                        f"{self._skipped} {report.stage} batches gave a non-finite loss or gradient (limit "
-                        f"max_skipped_batches={limit}); lower the learning rate or check the data/model dtype"
-                    )
-            yield report
-
     def recover_stage(self, recover: RecoverConfig | None = None, *, stage: str = "recover") -> Iterator[Report]:
         """Stage 3 on the run's model (:meth:`recover`); keeps its export table for ``summary.json``."""
         self.table = yield from self.recover(self.model, recover, stage=stage)
 
     def recover(self, model: nn.Module, recover: RecoverConfig | None = None, *,
                 stage: str = "recover") -> Generator[Report, None, dict]:
-        """Fine-tune a compressed ``model`` in place; afterwards it is in its exported form. Returns its export table.
+        """Recover ``model`` in place with this run's batches and loss (:func:`bsi.pipeline.stages.recover_model`).
 
-        ``recover.train="factors"``: the model is exported first (two-factor
-        `LowRankLinear` layers, or dense where that is smaller) and its own
-        parameters train: the factors, the dense layers, the norms (the
-        embeddings if asked). ``"sigma"``: only the coefficients and auxiliary
-        vectors train, in the Basel form, as while pruning (the paper-faithful
-        ablation). Either way with the task loss, or distilling from the
-        fine-tuned dense model (``recover.distill``). ``recover`` replaces the
-        configuration's section (a sweep tries several learning rates).
-        ``stage`` names the reports (:meth:`dense_recovery_stage` trains a
-        copy of the dense model through here as ``dense-recover``).
+        ``recover`` replaces the configuration's section (a sweep tries
+        several learning rates); ``stage`` names the reports
+        (:meth:`dense_recovery_stage` trains a copy of the dense model through
+        here as ``dense-recover``). Returns the export table.
         """
         cfg = recover or self.config.recover
-        if cfg.steps == 0 or cfg.train == "factors":
-            self.unshard()
-        if cfg.steps == 0:
-            table = to_exported_form(model)
-            yield StageReport(stage, "end", "skipped")
-            return table
-        table: dict = {}
-        if cfg.train == "factors":
-            table = to_exported_form(model)
-            params = recovery_parameters(model, train_embeddings=cfg.train_embeddings)
-        else:
-            params = [p for layer in basis_layers(model).values()
-                      for p in (layer.sigma, layer.aux_u, layer.aux_v) if p.numel()]
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for p in params:
-            p.requires_grad_(True)
-        yield StageReport(stage, "start", f"{cfg.steps} steps, training {cfg.train}")
-        hooks = self.dist.sync_gradients(params)
-        try:
-            yield from self._limit_skips(finetune(
-                model, self.stream(3), steps=cfg.steps, lr=cfg.lr, stage=stage, parameters=params,
-                loss_fn=self.train_loss(cfg.distill), weight_decay=cfg.weight_decay,
-                max_grad_norm=cfg.max_grad_norm, warmup_steps=cfg.warmup_steps))
-        finally:
-            for hook in hooks:
-                hook.remove()
-        if cfg.train == "sigma":
-            self.unshard()
-            table = to_exported_form(model)
-        yield StageReport(stage, "end")
-        return table
+        return (yield from recover_model(model, lambda: self.stream(3), cfg,
+                                         loss_fn=self.train_loss(cfg.distill) if cfg.steps else None,
+                                         dist=self.dist, skips=self.skips, unshard=self.unshard, stage=stage))
 
     def evaluate_stage(self, when: str) -> Iterator[Report]:
         """Evaluate the run's model as ``when`` (:meth:`evaluate`)."""
         yield from self.evaluate(self.model, when)
 
     def evaluate(self, model: nn.Module, when: str) -> Generator[Report, None, Evaluation | None]:
-        """Evaluate ``model`` on the test problems: ``eval_loss_examples`` scored, the first ``eval_examples`` answered.
+        """Evaluate ``model`` as ``when`` on this run's test set (:func:`bsi.pipeline.stages.evaluate_model`).
 
-        On a text task: perplexity on the held-out part, ``eval_windows``
-        windows of ``window`` tokens every ``eval_stride`` tokens
-        (:func:`bsi.pipeline.perplexity.text_task_perplexity`), one outcome
-        per window, its protocol kept in :attr:`perplexities`. Keeps the
-        per-problem (per-window) outcomes in :attr:`evaluations` and the
-        aggregate in :attr:`metrics`, both under ``when``, and returns the
-        outcomes (None when the run evaluates nothing).
+        Keeps the per-problem (per-window) outcomes in :attr:`evaluations`,
+        the aggregate in :attr:`metrics` and on a text task the protocol in
+        :attr:`perplexities`, all under ``when``; returns the outcomes (None
+        when the run evaluates nothing).
         """
-        cfg = self.config
         if not self.evaluates:
             return None
-        yield StageReport("evaluate", "start", when)
-        start = time.perf_counter()
-        if self.text is not None:
-            result = text_task_perplexity(model, self.text, window=cfg.window, stride=cfg.eval_stride,
-                                          batch_size=cfg.eval_batch_size, max_windows=cfg.eval_windows)
-            evaluation = window_outcomes(result.window_nll_sums, result.window_token_counts)
-            self.perplexities[when] = protocol_record(result, self.text)
-        else:
-            assert self.task is not None
-            evaluation = self.evaluate_on(self.task.test[: cfg.scored_examples], answered=cfg.eval_examples,
-                                          model=model)
+        evaluation, protocol = yield from evaluate_model(model, self.config, tokenizer=self.tokenizer, task=self.task,
+                                                         text=self.text, when=when)
         self.evaluations[when], self.metrics[when] = evaluation, evaluation.metrics
-        yield eval_report(when, evaluation.metrics, model_parameters(model), time.perf_counter() - start)
+        if protocol is not None:
+            self.perplexities[when] = protocol
         return evaluation
 
     def evaluate_on(self, examples, answered: int | None = None, model: nn.Module | None = None) -> Evaluation:
