@@ -143,3 +143,16 @@ def test_markdown_inline():
 
 def test_the_documents_with_generated_parts_exist():
     assert all((ROOT / name).is_file() and "<!-- generated:" in (ROOT / name).read_text() for name in DOC_FILES)
+
+
+def test_the_html_pages_of_the_docs_load_nothing_from_the_network():
+    """``docs/`` is read offline too (a clone with no network): a page's scripts come from beside it."""
+    pages = sorted((ROOT / "docs").glob("*.html"))
+    assert pages
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert not re.search(r"""<(?:script|link|img)[^>]*\b(?:src|href)\s*=\s*["']?(?:https?:)?//""", text), page.name
+        scripts = re.findall(r"""<script[^>]*\bsrc=["']([^"']+)["']""", text)
+        assert scripts, f"{page.name} loads no plotly.js: its figure would not draw"
+        for src in scripts:
+            assert (page.parent / src).is_file(), f"{page.name} loads {src}, which is not there"

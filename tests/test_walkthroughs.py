@@ -12,6 +12,7 @@ source's SHA-256).
 
 from __future__ import annotations
 
+import ast
 import html
 import importlib.util
 import json
@@ -228,6 +229,37 @@ def test_committed_walkthroughs_match_the_notebook_sources():
         assert not NETWORK.findall(page)
         assert all((DOCS / image).is_file() for image in _images(markdown))
     assert (DOCS / render.PLOTLY_JS).is_file()
+
+
+#: A walkthrough cell that quotes the library: ``display(Markdown(doc_markdown(...)...))`` on one line.
+QUOTE = re.compile(r"^display\(Markdown\((doc_markdown\(.*)\)\)\s*$")
+
+
+def _quotes(stem: str) -> list[tuple[str, str]]:
+    """``(expression, text now)`` of every docstring the walkthrough ``stem`` quotes, evaluated after its imports."""
+    source = (ROOT / "notebooks" / "src" / f"{stem}.py").read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    imports = ast.Module([node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))], [])
+    namespace: dict = {}
+    exec(compile(imports, f"notebooks/src/{stem}.py", "exec"), namespace)
+    return [(m.group(1), eval(m.group(1), namespace)) for m in map(QUOTE.match, source.splitlines()) if m]
+
+
+def test_committed_walkthroughs_quote_the_library_as_it_is_now():
+    """A docstring changed after the render would show students old text: every quoted line must still be there."""
+    build = _load("build")
+    rendered = [s.stem for s in build.sources() if (DOCS / f"{s.stem}.md").exists()]
+    if not rendered:
+        pytest.skip("no rendered walkthroughs committed yet in docs/walkthroughs/ (run `make walkthroughs`)")
+    quoted = 0
+    for stem in rendered:
+        markdown = (DOCS / f"{stem}.md").read_text(encoding="utf-8")
+        for expression, text in _quotes(stem):
+            stale = [line for line in text.splitlines() if line.strip() and line not in markdown]
+            assert not stale, (f"{stem} quotes {expression}, whose text changed since the render (first changed "
+                               f"line: {stale[0]!r}): render it again (`make walkthroughs`)")
+            quoted += 1
+    assert quoted >= 10  # the walkthroughs quote the library throughout; the pattern still finds those cells
 
 
 def test_the_render_measures_the_cpu_other_processes_use():
