@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from common import interleave  # noqa: E402
 
-from bsi.config import CompressConfig  # noqa: E402
+from bsi.config import CompressConfig, HutchinsonConfig  # noqa: E402
 from bsi.files import atomic_write_json  # noqa: E402
 from bsi.method.bases import thin_svd  # noqa: E402
 from bsi.method.engine import Compressor  # noqa: E402
@@ -214,7 +214,7 @@ def bench_train(args) -> dict:
     stream = batches()
     start = time.perf_counter()
     config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=4, iters_per_epoch=40, aux_rank=8, bases="svd",
-                            curvature="hutchinson", probe_scope="model")
+                            curvature="hutchinson", hutchinson=HutchinsonConfig(probe_scope="model"))
     compressor = Compressor(model, stream, config, lm_loss, compute_dtype=torch.bfloat16)
     for _ in compressor.convert():
         pass

@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     train_seconds = None
     for name in [c.strip() for c in args.curvatures.split(",") if c.strip()]:
-        source = curvature_source(name, eps=compressor.eps, scope=args.probe_scope or comp.probe_scope,
-                                  method=comp.hessian_method, probes=args.probes)
+        source = curvature_source(name, eps=compressor.eps, scope=args.probe_scope or comp.hutchinson.probe_scope,
+                                  method=comp.hutchinson.hessian_method, probes=args.probes)
         generator = torch.Generator().manual_seed(0)
         half_a = profile_half(compressor, layers, pools, profiling[:per_half], source, generator)
         half_b = profile_half(compressor, layers, pools, profiling[per_half:2 * per_half], source, generator)

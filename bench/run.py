@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from common import Timings, interleave, load_embedded, machine, peak_rss_mib, real_batches, tokens_in  # noqa: E402
 
-from bsi.config import CompressConfig, make_config  # noqa: E402
+from bsi.config import CompressConfig, HutchinsonConfig, make_config  # noqa: E402
 from bsi.method.engine import Compressor  # noqa: E402
 from bsi.method.curvature import profile_batch  # noqa: E402
 from bsi.pipeline.losses import answer_token_loss  # noqa: E402
@@ -58,7 +58,7 @@ def basel_model(dense: nn.Module, aux_rank: int = 8) -> tuple[nn.Module, Compres
 
     model = copy.deepcopy(dense)
     config = CompressConfig(aux_rank=aux_rank, size_mode="keep", keep_ratio=0.6, rounds=4, iters_per_epoch=48,
-                            bases="svd", curvature="hutchinson", probe_scope="model")
+                            bases="svd", curvature="hutchinson", hutchinson=HutchinsonConfig(probe_scope="model"))
     compressor = Compressor(model, iter(()), config, answer_token_loss)
     for _ in compressor.convert():  # plain SVD bases: no calibration batches needed
         pass

@@ -3,7 +3,8 @@
 Three levels:
 
 * :class:`CompressConfig` — the pruning stage (the method's Algorithm 1):
-  schedule, size, bases, score, curvature source, learning rates.
+  schedule, size, bases, score, curvature source, learning rates; the
+  Hutchinson curvature's own settings nested in :class:`HutchinsonConfig`.
 * :class:`FinetuneConfig` — stage 1, task fine-tuning of the dense model;
   :class:`RecoverConfig` — stage 3, fine-tuning the compressed model.
 * :class:`PipelineConfig` — the whole run: model, data, the three stages,
@@ -26,6 +27,7 @@ This module imports nothing heavy (no torch), so ``bsi --help`` stays fast.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -55,7 +57,7 @@ T = TypeVar("T")
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple | None = None,
            sets: dict[str, Any] | None = None, cli: bool = True, default_factory: Any = dataclasses.MISSING,
-           metavar: str | None = None) -> Any:
+           metavar: str | None = None, flat: bool = False) -> Any:
     """A dataclass field with the metadata the CLI and the dashboard are generated from.
 
     Args:
@@ -64,8 +66,12 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, choices: tuple
         sets: other fields this one implies when a user gives it, e.g.
             ``keep_ratio`` sets ``size_mode="keep"`` (see :func:`implied_updates`).
         cli: False hides the field from the command line (still settable in JSON).
+        flat: the field is a nested section whose fields are written flat, as
+            the parent's own keys, in files, flags and overrides
+            (``CompressConfig.hutchinson``: ``probe_scope``, not
+            ``hutchinson.probe_scope``), so nesting it changed no file or flag.
     """
-    meta = {"help": help, "choices": choices, "sets": dict(sets or {}), "cli": cli, "metavar": metavar}
+    meta = {"help": help, "choices": choices, "sets": dict(sets or {}), "cli": cli, "metavar": metavar, "flat": flat}
     if default_factory is not dataclasses.MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -84,7 +90,18 @@ class _JsonConfig:
     """Mixin: ``to_dict``/``from_dict``/``to_json``/``from_json`` with unknown-key rejection."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        """The settings as plain JSON values: nested sections as dicts, a ``flat`` section's keys in its place."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if isinstance(value, _JsonConfig):
+                if f.metadata.get("flat"):
+                    out |= value.to_dict()
+                    continue
+                out[f.name] = value.to_dict()
+            else:
+                out[f.name] = copy.deepcopy(value)
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -95,6 +112,13 @@ class _JsonConfig:
             raise BSIError(f"{cls.__name__} must be a JSON object, got {type(data).__name__}")
         fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         data = {k: v for k, v in data.items() if k not in getattr(cls, "LEGACY_KEYS", ())}
+        for f in fields.values():  # a flat section's keys, as files and flags write them, go into the section
+            if f.metadata.get("flat"):
+                names = {g.name for g in dataclasses.fields(NESTED[(cls.__name__, f.name)])}
+                given = data.get(f.name) or {}
+                given = given.to_dict() if isinstance(given, _JsonConfig) else dict(given)
+                data = {k: v for k, v in data.items() if k not in names} | {
+                    f.name: given | {k: v for k, v in data.items() if k in names}}
         unknown = sorted(set(data) - set(fields))
         if unknown:
             raise BSIError(
@@ -122,6 +146,49 @@ class _JsonConfig:
 
 
 @dataclass
+class HutchinsonConfig(_JsonConfig):
+    """The settings of the Hutchinson curvature source only (``CompressConfig.curvature="hutchinson"``).
+
+    The method's own estimate of the Hessian diagonal: gradients at ``+eps``
+    and ``-eps`` symmetric random perturbations of the coefficients, one probe
+    per layer or one over the whole model, their difference over ``2 eps``.
+    ``eps`` is the perturbation intensity; left unset it follows the eps rule,
+    ``max(min(2^-(f+1) * sigma_max / eps_alpha, eps_max), eps_floor)`` with
+    ``f`` the dtype's fraction bits (:func:`bsi.method.scores.eps_rule`). The
+    Fisher sources read none of these. In files and flags the fields stay
+    flat: ``--probe-scope``, ``"probe_scope"`` in a ``compress`` section.
+    """
+
+    probe_scope: str = option("layer", "hutchinson: one probe per layer (1 + 2L passes: 421 for a 210-layer model; "
+                                       "3x less error at equal time on the embedded model) or one joint probe "
+                                       "over the model (3 passes per probe, cross-layer noise)",
+                              choices=PROBE_SCOPES)
+    hessian_method: str = option("fd", "hutchinson: fd (finite differences of gradients) or hvp (exact "
+                                       "Hessian-vector products by double backward)", choices=HESSIAN_METHODS)
+    probes_per_batch: int = option(1, "hutchinson: probes averaged on each profiling batch")
+    center_gradient: str = option("exact", "hutchinson fd, model scope: exact (own pass) or average "
+                                           "((g+ + g-)/2, one pass fewer)", choices=CENTER_GRADIENTS)
+    eps: float | None = option(None, "perturbation intensity in (0, 1) (default: the rule for the dtype)")
+    eps_alpha: float = option(0.01, "eps rule: allowed relative rounding error alpha")
+    eps_max: float = option(0.1, "eps rule: upper bound eps_max < 1")
+    eps_floor: float = option(1e-4, "eps rule: lower bound (fp32 round-off of the gradients swamps smaller "
+                                     "steps); 0 keeps the method's rule")
+
+    def __post_init__(self) -> None:
+        _check_choice(self.probe_scope, "probe_scope", PROBE_SCOPES)
+        _check_choice(self.hessian_method, "hessian_method", HESSIAN_METHODS)
+        _check_choice(self.center_gradient, "center_gradient", CENTER_GRADIENTS)
+        if self.eps is not None:
+            _check(_number(self.eps) and 0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps}")
+        _check(_number(self.eps_alpha) and self.eps_alpha > 0, f"eps_alpha must be > 0, got {self.eps_alpha}")
+        _check(_number(self.eps_max) and 0 < self.eps_max < 1, f"eps_max must be in (0, 1), got {self.eps_max}")
+        _check(_number(self.eps_floor) and 0 <= self.eps_floor <= self.eps_max,
+               f"eps_floor must be in [0, eps_max], got {self.eps_floor}")
+        _check(_integer(self.probes_per_batch) and self.probes_per_batch >= 1,
+               f"probes_per_batch must be an integer >= 1, got {self.probes_per_batch}")
+
+
+@dataclass
 class CompressConfig(_JsonConfig):
     """The pruning stage: the method's Algorithm 1, with the target-size mode and gradual cuts.
 
@@ -136,6 +203,12 @@ class CompressConfig(_JsonConfig):
     of the compressible layers, ``target_ratio`` of their dense size, reached
     through per-round budgets that shrink evenly) or ``keep`` (the paper's
     importance-mass rule with ``keep_ratio``).
+
+    ``curvature`` names the source of the second-order term; the settings only
+    the Hutchinson source reads (its probes, the perturbation intensity
+    ``eps`` and its rule) sit under it in ``hutchinson``
+    (:class:`HutchinsonConfig`). Files and flags keep them flat
+    (``--probe-scope``; ``"probe_scope"`` in the ``compress`` section).
     """
 
     #: keys of earlier versions, accepted and ignored when reading JSON: ``seed`` (the run's one seed,
@@ -179,20 +252,9 @@ class CompressConfig(_JsonConfig):
                                       "gradients, free), mc-fisher (labels sampled from the model, one "
                                       "extra backward), hutchinson (the method's symmetric perturbations)",
                             choices=CURVATURES)
-    probe_scope: str = option("layer", "hutchinson: one probe per layer (1 + 2L passes: 421 for a 210-layer model; "
-                                       "3x less error at equal time on the embedded model) or one joint probe "
-                                       "over the model (3 passes per probe, cross-layer noise)",
-                              choices=PROBE_SCOPES)
-    hessian_method: str = option("fd", "hutchinson: fd (finite differences of gradients) or hvp (exact "
-                                       "Hessian-vector products by double backward)", choices=HESSIAN_METHODS)
-    probes_per_batch: int = option(1, "hutchinson: probes averaged on each profiling batch")
-    center_gradient: str = option("exact", "hutchinson fd, model scope: exact (own pass) or average "
-                                           "((g+ + g-)/2, one pass fewer)", choices=CENTER_GRADIENTS)
-    eps: float | None = option(None, "perturbation intensity in (0, 1) (default: the rule for the dtype)")
-    eps_alpha: float = option(0.01, "eps rule: allowed relative rounding error alpha")
-    eps_max: float = option(0.1, "eps rule: upper bound eps_max < 1")
-    eps_floor: float = option(1e-4, "eps rule: lower bound (fp32 round-off of the gradients swamps smaller "
-                                     "steps); 0 keeps the method's rule")
+    hutchinson: HutchinsonConfig = option(default_factory=HutchinsonConfig, flat=True,
+                                          help="settings of the hutchinson curvature only (probes, perturbation "
+                                               "intensity eps); flat in files and flags")
     score_window: str = option("round", "which batches a round's scores average: round (also the tuning "
                                         "steps' per-example gradients, free; the fisher curvature too) or "
                                         "profiling (the last iterations only, the method's)",
@@ -208,6 +270,8 @@ class CompressConfig(_JsonConfig):
     max_skipped_batches: int = option(20, "stop after this many batches with non-finite values", cli=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.hutchinson, dict):
+            self.hutchinson = HutchinsonConfig.from_dict(self.hutchinson)
         _check_choice(self.score, "score", SCORES)
         _check_choice(self.size_mode, "size_mode", SIZE_MODES)
         _check_choice(self.selection, "selection", SELECTIONS)
@@ -216,9 +280,6 @@ class CompressConfig(_JsonConfig):
                "selection global compares importance across layers, which basel's |sigma| cannot do; use selection mass")
         _check_choice(self.bases, "bases", BASES)
         _check_choice(self.curvature, "curvature", CURVATURES)
-        _check_choice(self.probe_scope, "probe_scope", PROBE_SCOPES)
-        _check_choice(self.hessian_method, "hessian_method", HESSIAN_METHODS)
-        _check_choice(self.center_gradient, "center_gradient", CENTER_GRADIENTS)
         _check_choice(self.score_window, "score_window", SCORE_WINDOWS)
         _check(_number(self.keep_ratio) and 0 < self.keep_ratio <= 1, f"keep_ratio must be in (0, 1], got {self.keep_ratio}")
         _check(_number(self.target_ratio) and 0 < self.target_ratio <= 1,
@@ -236,14 +297,6 @@ class CompressConfig(_JsonConfig):
                f"calibration_batches must be an integer >= 1, got {self.calibration_batches}")
         _check(_number(self.whitening_damping) and self.whitening_damping >= 0,
                f"whitening_damping must be >= 0, got {self.whitening_damping}")
-        if self.eps is not None:
-            _check(_number(self.eps) and 0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps}")
-        _check(_number(self.eps_alpha) and self.eps_alpha > 0, f"eps_alpha must be > 0, got {self.eps_alpha}")
-        _check(_number(self.eps_max) and 0 < self.eps_max < 1, f"eps_max must be in (0, 1), got {self.eps_max}")
-        _check(_number(self.eps_floor) and 0 <= self.eps_floor <= self.eps_max,
-               f"eps_floor must be in [0, eps_max], got {self.eps_floor}")
-        _check(_integer(self.probes_per_batch) and self.probes_per_batch >= 1,
-               f"probes_per_batch must be an integer >= 1, got {self.probes_per_batch}")
         _check(_number(self.gradient_z) and 0 <= self.gradient_z <= 100, f"gradient_z must be in [0, 100], got {self.gradient_z}")
         _check(_integer(self.aux_rank) and self.aux_rank >= 0, f"aux_rank must be an integer >= 0, got {self.aux_rank}")
         _check(_number(self.lr) and _number(self.aux_lr) and self.lr >= 0 and self.aux_lr >= 0,
@@ -480,13 +533,36 @@ NESTED: dict[tuple[str, str], type] = {
     ("PipelineConfig", "finetune"): FinetuneConfig,
     ("PipelineConfig", "recover"): RecoverConfig,
     ("PipelineConfig", "compress"): CompressConfig,
+    ("CompressConfig", "hutchinson"): HutchinsonConfig,
 }
 SECTIONS = ("finetune", "compress", "recover")
 
 
+def flat_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of a config dataclass as files and flags name them: a ``flat`` section's fields in its place.
+
+    ``flat_fields(CompressConfig)`` lists ``curvature``, then ``probe_scope``,
+    ``hessian_method``, ... (:class:`HutchinsonConfig`'s), then ``score_window``.
+    """
+    out: list[dataclasses.Field] = []
+    for f in dataclasses.fields(cls):
+        out += flat_fields(NESTED[(cls.__name__, f.name)]) if f.metadata.get("flat") else [f]
+    return out
+
+
+def flat_value(config: Any, name: str) -> Any:
+    """The value of the field a file or flag calls ``name`` in ``config`` (a section), looking into its flat sections."""
+    for f in dataclasses.fields(config):
+        if f.name == name:
+            return getattr(config, name)
+        if f.metadata.get("flat") and name in {g.name for g in flat_fields(type(getattr(config, f.name)))}:
+            return flat_value(getattr(config, f.name), name)
+    raise KeyError(name)
+
+
 def field_help(cls: type, name: str) -> str:
-    """The help text of a config field (for the CLI and the dashboard)."""
-    return {f.name: f for f in dataclasses.fields(cls)}[name].metadata.get("help", "")
+    """The help text of a config field (for the CLI and the dashboard); a flat section's fields by their own names."""
+    return {f.name: f for f in flat_fields(cls)}[name].metadata.get("help", "")
 
 
 # -------------------------------------------------------------- protocols
@@ -502,7 +578,7 @@ PROTOCOLS: dict[str, dict[str, Any]] = {
     "tuned": {
         "description": "bsi's defaults: whitened bases, global selection for loss-unit scores, a per-round cut cap, "
                        "the Fisher curvature over every batch of the round, first-order terms tested against noise",
-        "compress": {name: getattr(CompressConfig(), name) for name in TUNED_FIELDS},
+        "compress": {name: CompressConfig().to_dict()[name] for name in TUNED_FIELDS},
     },
     "paper": {
         "description": "the published method: plain SVD bases, each layer's importance-mass rule, no cut cap, "
@@ -916,7 +992,7 @@ def implied_updates(overrides: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(values, dict):
             continue
         values = dict(values)
-        for f in dataclasses.fields(cls):
+        for f in flat_fields(cls):
             for key, implied in f.metadata.get("sets", {}).items() if f.name in values else ():
                 values.setdefault(key, implied)
         if section:

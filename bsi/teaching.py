@@ -458,7 +458,7 @@ def defaults_rows() -> list[dict[str, str]]:
                 "one Hutchinson probe per batch is noisy and lost accuracy (the deviations bench)",
          "measured": where("curvature", "protocols")},
         {"setting": "eps floor", "paper": f"{_code(paper['eps_floor'])} (the eps rule alone)",
-         "bsi": f"{_code(ours.eps_floor)}",
+         "bsi": f"{_code(ours.hutchinson.eps_floor)}",
          "why": "below it, fp32 round-off of the two gradients swamps their difference (matters only for hutchinson)",
          "measured": where("curvature")},
         {"setting": "first-order terms", "paper": f"gradient_z {_code(paper['gradient_z'])}: always kept",

@@ -31,7 +31,7 @@ from bsi.app.format import in_app_words, number_text, significant
 from bsi.app.job import cancel_job, run_job
 from bsi.app.layout import startup_lines
 from bsi.app.state import JobBoard, LoadedModel, Session
-from bsi.config import CompressConfig, PRESETS, RecoverConfig, field_help, make_config
+from bsi.config import CompressConfig, PRESETS, RecoverConfig, field_help, flat_fields, make_config
 from bsi.errors import BSIError
 from bsi.method import theory
 from bsi.method.scores import eps_rule
@@ -93,7 +93,7 @@ def test_messages_speak_the_apps_language():
 def test_form_is_built_from_the_config_fields():
     sections = {"compress": CompressConfig, "recover": RecoverConfig}
     for knob in (*KNOBS, *RATIOS.values()):
-        spec = {f.name: f for f in dataclasses.fields(sections[knob.section])}[knob.name]
+        spec = {f.name: f for f in flat_fields(sections[knob.section])}[knob.name]  # probe_scope: the hutchinson part
         assert knob.help == field_help(sections[knob.section], knob.name) and knob.help
         assert knob.choices == spec.metadata.get("choices")
     assert {k.attr for k in KNOBS} >= {"size_mode", "rounds", "gamma", "score", "bases", "curvature", "probe_scope",
@@ -115,11 +115,12 @@ def test_form_values_reach_the_config():
     config = build_config(form)
     assert config.compress.keep_ratio == 0.4 and config.compress.size_mode == "keep"  # the ratio implies the mode
     assert config.compress.target_ratio == make_config("smoke").compress.target_ratio
-    assert (config.compress.eps, config.compress.curvature, config.compress.bases, config.compress.probe_scope) == \
+    probes = config.compress.hutchinson
+    assert (probes.eps, config.compress.curvature, config.compress.bases, probes.probe_scope) == \
         (0.01, "hutchinson", "svd", "layer")
     assert (config.recover.train, config.recover.distill) == ("sigma", 0.5)
     form.eps = 0
-    assert build_config(form).compress.eps is None  # 0: the rule
+    assert build_config(form).compress.hutchinson.eps is None  # 0: the rule
     with pytest.raises(BSIError, match="hub id"):
         build_config(Form(model_source="hub", model_name=""))
     assert not build_config(Form(model_source="hub", model_name="org/model")).trust_remote_code
@@ -200,7 +201,8 @@ def test_eps_rule_is_what_the_run_uses(tmp_path, monkeypatch):
     assert "before* its task fine-tune" in before  # nothing cached yet: said so
     assert "floor 0.0001" in before
     config = build_config(form)  # without the floor, so that the value is the whitened sigma_max's own
-    config = dataclasses.replace(config, compress=dataclasses.replace(config.compress, eps_floor=0.0))
+    floorless = dataclasses.replace(config.compress.hutchinson, eps_floor=0.0)
+    config = dataclasses.replace(config, compress=dataclasses.replace(config.compress, hutchinson=floorless))
     rounds = [r for r in Pipeline(config).run() if isinstance(r, RoundReport)]
     lines = list(compute_eps_rule(config))  # the fine-tune is cached now
     assert any("Calibrating the whitened bases" in line for line in lines[:-1])

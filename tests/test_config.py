@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from bsi.config import PRESETS, CompressConfig, PipelineConfig, implied_updates, make_config
+from bsi.config import (PRESETS, CompressConfig, HutchinsonConfig, PipelineConfig, flat_fields, flat_value,
+                        implied_updates, make_config)
 from bsi.errors import BSIError
 
 
@@ -37,8 +38,29 @@ def test_schedule_derivations_match_the_paper():
 )
 def test_bad_compress_values_raise_one_line(kwargs, match):
     with pytest.raises(BSIError, match=match) as err:
-        CompressConfig(**kwargs)
+        CompressConfig.from_dict(kwargs)  # as a JSON file or the flags give them: the hutchinson settings flat
     assert "\n" not in str(err.value)
+
+
+def test_the_hutchinson_settings_are_nested_in_python_and_flat_in_files():
+    """``CompressConfig.hutchinson`` holds what only that curvature source reads; every file and flag keeps it flat."""
+    config = CompressConfig(curvature="hutchinson", hutchinson=HutchinsonConfig(probe_scope="model", eps=0.05))
+    written = config.to_dict()
+    assert "hutchinson" not in written and written["probe_scope"] == "model" and written["eps"] == 0.05
+    assert list(written) == [f.name for f in flat_fields(CompressConfig)]  # each key where the flat class had it
+    assert CompressConfig.from_dict(written) == config
+    nested = {k: v for k, v in written.items() if k not in ("probe_scope", "eps")} | {
+        "hutchinson": {"probe_scope": "model", "eps": 0.05}}
+    assert CompressConfig.from_dict(nested) == config  # a nested section reads too
+    assert CompressConfig.from_dict(nested | {"eps": 0.02}).hutchinson.eps == 0.02  # a flat key over the section
+    assert PipelineConfig.from_dict(make_config("default").to_dict()).compress.hutchinson == HutchinsonConfig()
+    overrides = {"compress": {"probe_scope": "model", "eps_floor": 0.0}}  # flags and protocols: flat keys
+    assert make_config("smoke", overrides).compress.hutchinson == HutchinsonConfig(probe_scope="model", eps_floor=0.0)
+    with pytest.raises(BSIError, match="unknown HutchinsonConfig key"):
+        CompressConfig.from_dict({"hutchinson": {"probes": 3}})
+    assert flat_value(config, "eps") == 0.05 and flat_value(config, "rounds") == config.rounds
+    with pytest.raises(KeyError):
+        flat_value(config, "hutchinson.eps")
 
 
 def test_json_round_trip_and_unknown_keys(tmp_path):
@@ -107,7 +129,8 @@ def test_the_default_configuration_is_the_tuned_protocol_plus_the_default_preset
     assert default.protocol == "tuned" and protocol_deviations(default) == []
     assert set(PROTOCOLS["tuned"]["compress"]) == set(TUNED_FIELDS)
     # the published protocol differs from the defaults in every setting the tuned one fixes
-    assert all(PROTOCOLS["paper"]["compress"][name] != getattr(CompressConfig(), name) for name in TUNED_FIELDS)
+    defaults = CompressConfig().to_dict()  # the file's flat keys: eps_floor is the hutchinson section's
+    assert all(PROTOCOLS["paper"]["compress"][name] != defaults[name] for name in TUNED_FIELDS)
 
 
 def test_every_method_is_named_once_and_its_kind_is_answered_one_way():

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import lm_loss, make_tiny_llama, token_batches
 
-from bsi.config import CompressConfig
+from bsi.config import CompressConfig, HutchinsonConfig
 from bsi.method.engine import Compressor
 from bsi.errors import BSIError
 from bsi.method.surgery import (
@@ -93,7 +93,7 @@ def test_same_seed_same_result(scope, score):
     def once(seed=0, probe_scope=scope):
         model = make_tiny_llama()
         config = CompressConfig(size_mode="keep", keep_ratio=0.4, rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=0,
-                                curvature="hutchinson", probe_scope=probe_scope, score=score)
+                                curvature="hutchinson", hutchinson=HutchinsonConfig(probe_scope=probe_scope), score=score)
         _, rounds = run(Compressor(model, token_batches(), config, lm_loss, seed=seed))
         return layer_ranks(model), [layer.importance for layer in rounds[0].layers]
 

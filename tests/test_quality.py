@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import lm_loss, make_tiny_llama, token_batches
 
-from bsi.config import CompressConfig, make_config
+from bsi.config import CompressConfig, HutchinsonConfig, make_config
 from bsi.method.bases import InputStatistics, svd_bases, whitened_bases
 from bsi.method.curvature import Fisher, profile_batch, sigma_gradients
 from bsi.method.engine import Compressor
@@ -237,14 +237,15 @@ def test_curvature_term_in_bf16_is_within_ten_percent_of_float32_with_the_same_p
 
 def test_half_precision_finite_differences_at_a_tiny_eps_switch_to_exact_products_and_say_so():
     model = make_tiny_llama().to(torch.bfloat16)
-    config = CompressConfig(curvature="hutchinson", hessian_method="fd", eps=1e-3, bases="svd", rounds=1,
-                            iters_per_epoch=4, sampling_ratio=0.5)
+    config = CompressConfig(curvature="hutchinson", hutchinson=HutchinsonConfig(hessian_method="fd", eps=1e-3),
+                            bases="svd", rounds=1, iters_per_epoch=4, sampling_ratio=0.5)
     compressor = Compressor(model, token_batches(), config, lm_loss)
     for _ in compressor.convert():
         pass
     assert compressor.source.method == "hvp" and "hvp" in compressor.notes[0]
     fine = Compressor(make_tiny_llama().to(torch.bfloat16), token_batches(),
-                      CompressConfig(curvature="hutchinson", hessian_method="fd", bases="svd"), lm_loss)
+                      CompressConfig(curvature="hutchinson", hutchinson=HutchinsonConfig(hessian_method="fd"),
+                                     bases="svd"), lm_loss)
     for _ in fine.convert():
         pass
     assert fine.source.method == "fd" and not fine.notes  # the rule's eps (0.1) is safe in bf16

@@ -253,14 +253,15 @@ def test_doc_markdown_fences_literal_blocks():
 
 def test_defaults_table_reads_its_values_from_the_config():
     paper, ours = PROTOCOLS["paper"]["compress"], CompressConfig()
-    assert all(getattr(ours, key) == value for key, value in PROTOCOLS["tuned"]["compress"].items())  # tuned = defaults
+    flat = ours.to_dict()  # the settings by the names files and protocols use (eps_floor: the hutchinson section's)
+    assert all(flat[key] == value for key, value in PROTOCOLS["tuned"]["compress"].items())  # tuned = defaults
     rows = {row["setting"]: row for row in defaults_rows()}
     for setting, key in [("bases", "bases"), ("curvature", "curvature"), ("selection", "selection"),
                          ("cut cap", "max_cut_factor"), ("score window", "score_window"),
                          ("first-order terms", "gradient_z"), ("eps floor", "eps_floor")]:
-        assert paper[key] != getattr(ours, key)
+        assert paper[key] != flat[key]
         assert rows[setting]["paper"].count(f"`{paper[key]}`") == 1
-        assert f"`{getattr(ours, key)}`" in rows[setting]["bsi"]
+        assert f"`{flat[key]}`" in rows[setting]["bsi"]
     assert f"`{paper['probe_scope']}`" in rows["curvature"]["paper"]  # the published probe over the whole model
     assert rows["size rule"]["paper"].startswith("`keep`") and "keep" in SIZE_MODES
     assert f"`{ours.size_mode}`" in rows["size rule"]["bsi"] and f"`{ours.target_ratio}`" in rows["size rule"]["bsi"]

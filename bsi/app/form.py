@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from bsi.app.format import in_app_words, number_text
-from bsi.config import PRESETS, CompressConfig, PipelineConfig, RecoverConfig, field_help, make_config
+from bsi.config import (PRESETS, CompressConfig, PipelineConfig, RecoverConfig, field_help, flat_fields, flat_value,
+                        make_config)
 from bsi.data import EMBEDDED_TASK, WIKITEXT_2, WIKITEXT_2_RELEASE, is_text_task, read_jsonl, read_text_corpus
 from bsi.errors import BSIError
 from bsi.files import check_output_dir
@@ -67,7 +68,7 @@ class Knob:
 
     @property
     def spec(self) -> dataclasses.Field:
-        return {f.name: f for f in dataclasses.fields(SECTIONS[self.section])}[self.name]
+        return {f.name: f for f in flat_fields(SECTIONS[self.section])}[self.name]
 
     @property
     def help(self) -> str:
@@ -82,7 +83,7 @@ class Knob:
         return str(self.spec.type).startswith("int")
 
     def value_in(self, config: PipelineConfig) -> Any:
-        return getattr(getattr(config, self.section), self.name)
+        return flat_value(getattr(config, self.section), self.name)
 
 
 #: The method's inputs, in the order the form shows them (after the preset).
@@ -400,9 +401,10 @@ def eps_rule_text(compress: CompressConfig, dtype: torch.dtype = torch.float32, 
     """
     f = fraction_bits(dtype)
     name = str(dtype).removeprefix("torch.")
-    formula = (f"max(min(2^-{f + 1} * sigma_max / {number_text(compress.eps_alpha)}, {number_text(compress.eps_max)}), "
-               f"{number_text(compress.eps_floor)})")
-    floor = (f"floor {number_text(compress.eps_floor)}: bsi's, the gradients' round-off" if compress.eps_floor
+    probes = compress.hutchinson
+    formula = (f"max(min(2^-{f + 1} * sigma_max / {number_text(probes.eps_alpha)}, {number_text(probes.eps_max)}), "
+               f"{number_text(probes.eps_floor)})")
+    floor = (f"floor {number_text(probes.eps_floor)}: bsi's, the gradients' round-off" if probes.eps_floor
              else "no floor: the method's rule")
     if value_of_sigma_max is None or eps is None:
         return (f"eps rule ({name}, {floor}): {formula}, sigma_max the largest coefficient of the run's "
@@ -437,7 +439,8 @@ def compute_eps_rule(form: Form | PipelineConfig) -> Iterator[str]:
     from bsi.pipeline.runner import Pipeline, finetune_cache_key
 
     config = build_config(form) if isinstance(form, Form) else form
-    compress = dataclasses.replace(config.compress, eps=None)  # the rule, whatever the field holds
+    rule = dataclasses.replace(config.compress.hutchinson, eps=None)  # the rule, whatever the field holds
+    compress = dataclasses.replace(config.compress, hutchinson=rule)
     yield f"Loading `{config.model}` as the run does…"
     pipeline, compressor = Pipeline(config), None
     try:

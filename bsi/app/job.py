@@ -205,7 +205,7 @@ def eps_used(report: RoundReport, pipeline: Pipeline) -> str:
     """The eps the run used, and where it came from."""
     if pipeline.config.compress.curvature != "hutchinson":
         return f"eps: not used ({pipeline.config.compress.curvature} curvature)"
-    rule = "" if pipeline.config.compress.eps is not None else \
+    rule = "" if pipeline.config.compress.hutchinson.eps is not None else \
         f" (the rule, {str(pipeline.dtype).removeprefix('torch.')}, f = {fraction_bits(pipeline.dtype)})"
     return f"eps used: **{number_text(report.eps)}**{rule}"
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import dataclasses
 import importlib.util
 import re
 import sys
@@ -178,14 +177,14 @@ def _shared_config_sentence(command: str, config: list[tuple[str, list[argparse.
 def json_only() -> str:
     """The configuration fields that have no flag (``option(cli=False)``), as a Markdown list."""
     from bsi.cli.flags import config_fields
-    from bsi.config import NESTED, SECTIONS, PipelineConfig
+    from bsi.config import NESTED, SECTIONS, PipelineConfig, flat_fields
 
     hidden = []
     for section in ("", *SECTIONS):
         cls = PipelineConfig if not section else NESTED[("PipelineConfig", section)]
         shown = {f.name for f in config_fields(section)}
         hidden += [((f"{section}." if section else "") + f.name, f.metadata.get("help", ""))
-                   for f in dataclasses.fields(cls) if f.name not in shown and f.name not in SECTIONS]
+                   for f in flat_fields(cls) if f.name not in shown and f.name not in SECTIONS]
     return "\n".join(f"* `{name}`: {help_text}" for name, help_text in hidden)
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bsi.config import NESTED, SECTIONS, PipelineConfig, make_config
+from bsi.config import NESTED, SECTIONS, PipelineConfig, flat_fields, make_config
 
 #: flags kept for compatibility or brevity: field -> extra option strings
 ALIASES = {("compress", "probes_per_batch"): ("--probes",)}
@@ -168,7 +168,7 @@ def _kind(annotation: Any) -> type | None:
 def config_fields(section: str = "") -> list[dataclasses.Field]:
     """The command-line fields of one section (``""``: the top level) in declaration order."""
     cls = PipelineConfig if not section else NESTED[("PipelineConfig", section)]
-    return [f for f in dataclasses.fields(cls) if f.metadata.get("cli", True) and f.name not in SECTIONS]
+    return [f for f in flat_fields(cls) if f.metadata.get("cli", True) and f.name not in SECTIONS]
 
 
 def add_config_flags(parser: argparse.ArgumentParser, *, preset: str = "default",

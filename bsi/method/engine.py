@@ -277,8 +277,9 @@ class Compressor(RoundCheckpoint):
         freeze_all_but_coefficients(self.model, layers.values())
         _, self.dense_before = compressible_parameters(self.model)
         self.factor_start = sum(layer.factor_parameters() for layer in layers.values())
-        self.eps = cfg.eps if cfg.eps is not None else eps_rule(
-            sigma_max(self.model), self.compute_dtype, cfg.eps_alpha, cfg.eps_max, cfg.eps_floor)
+        probes = cfg.hutchinson  # the perturbation's settings (used by the hutchinson curvature only)
+        self.eps = probes.eps if probes.eps is not None else eps_rule(
+            sigma_max(self.model), self.compute_dtype, probes.eps_alpha, probes.eps_max, probes.eps_floor)
         self.optimizer = self._make_optimizer()
         self.source = self._curvature_source()
 
@@ -296,7 +297,8 @@ class Compressor(RoundCheckpoint):
             return NothingToMeasure()
         if not self.score.needs_curvature:
             return GradientOnly()
-        method = cfg.hessian_method
+        probes = cfg.hutchinson
+        method = probes.hessian_method
         half = self.compute_dtype in (torch.bfloat16, torch.float16)
         if cfg.curvature == "hutchinson" and method == "fd" and half and self.eps < HALF_PRECISION_MIN_EPS:
             method = "hvp"
@@ -304,8 +306,8 @@ class Compressor(RoundCheckpoint):
                 f"curvature: finite differences at eps {self.eps:.3g} of gradients computed in "
                 f"{str(self.compute_dtype).removeprefix('torch.')} are dominated by round-off (below "
                 f"{HALF_PRECISION_MIN_EPS:g}); using exact Hessian-vector products (hessian_method hvp) instead")
-        return curvature_source(cfg.curvature, eps=self.eps, scope=cfg.probe_scope, method=method,
-                                probes=cfg.probes_per_batch, center=cfg.center_gradient)
+        return curvature_source(cfg.curvature, eps=self.eps, scope=probes.probe_scope, method=method,
+                                probes=probes.probes_per_batch, center=probes.center_gradient)
 
     # ------------------------------------------------------------------ loop
     @property

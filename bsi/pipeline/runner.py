@@ -504,7 +504,7 @@ class Pipeline:
         from bsi.pipeline.fsdp import Sharding, refuse_double_backward
 
         if cfg.curvature == "hutchinson":
-            refuse_double_backward(cfg.hessian_method)
+            refuse_double_backward(cfg.hutchinson.hessian_method)
         if self.teacher is not None:
             Sharding(self.teacher).shard()  # frozen and dense: sharded for good, dropped after the run
         self.sharding = Sharding(self.model)

@@ -167,7 +167,8 @@ display(Markdown(defaults_table_markdown("../docs/")))
 pool = candidate_pool(sigma, config.pool_rho)  # (p,)
 pick = torch.linspace(0, pool.numel() - 1, min(settings.exact_positions, pool.numel())).round().long().unique()
 positions = pool[pick]  # (k,) the probe set
-eps = eps_rule(sigma_max(model), torch.float32, config.eps_alpha, config.eps_max, config.eps_floor)
+probes = config.hutchinson  # the Hutchinson curvature's own settings, eps's rule among them
+eps = eps_rule(sigma_max(model), torch.float32, probes.eps_alpha, probes.eps_max, probes.eps_floor)
 print(f"sigma_max = {sigma_max(model):.2f}  ->  eps = {eps:.2e}; "
       f"probe set: {positions.numel()} of the pool's {pool.numel()} bases")
 # one layer: probing it alone ("layer" scope) or all layers at once ("model") is the same; the averaged
