@@ -116,6 +116,8 @@ class _JsonConfig:
             if f.metadata.get("flat"):
                 names = {g.name for g in dataclasses.fields(NESTED[(cls.__name__, f.name)])}
                 given = data.get(f.name) or {}
+                if not isinstance(given, (dict, _JsonConfig)):
+                    raise BSIError(f"{f.name} must be a JSON object of its settings, got {type(given).__name__}")
                 given = given.to_dict() if isinstance(given, _JsonConfig) else dict(given)
                 data = {k: v for k, v in data.items() if k not in names} | {
                     f.name: given | {k: v for k, v in data.items() if k in names}}

@@ -56,6 +56,8 @@ def test_the_hutchinson_settings_are_nested_in_python_and_flat_in_files():
     assert PipelineConfig.from_dict(make_config("default").to_dict()).compress.hutchinson == HutchinsonConfig()
     overrides = {"compress": {"probe_scope": "model", "eps_floor": 0.0}}  # flags and protocols: flat keys
     assert make_config("smoke", overrides).compress.hutchinson == HutchinsonConfig(probe_scope="model", eps_floor=0.0)
+    with pytest.raises(BSIError, match="hutchinson must be a JSON object"):
+        CompressConfig.from_dict({"hutchinson": "model"})
     with pytest.raises(BSIError, match="unknown HutchinsonConfig key"):
         CompressConfig.from_dict({"hutchinson": {"probes": 3}})
     assert flat_value(config, "eps") == 0.05 and flat_value(config, "rounds") == config.rounds
