@@ -362,11 +362,11 @@ def read_study_rows(path: str | Path, needs: Sequence[str] = STUDY_ROW_NEEDS) ->
     path = Path(path)
     rows = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(StudyRow.from_dict(json_object(line, number, path), needs))
-            except BSIError as err:
-                if str(err).startswith(str(path)):
-                    raise
-                raise BSIError(f"{path}, line {number}: {err}") from None
+        if not line.strip():
+            continue
+        data = json_object(line, number, path)  # its errors name the line already
+        try:
+            rows.append(StudyRow.from_dict(data, needs))
+        except BSIError as err:
+            raise BSIError(f"{path}, line {number}: {err}") from None
     return rows

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from bsi.config import PipelineConfig, RecoverConfig
+from bsi.config import FinetuneConfig, PipelineConfig, RecoverConfig
 from bsi.data import BatchStream, TaskData, generate_math_problems
 from bsi.errors import BSIError
 from bsi.method.layers import BasisLinear
@@ -95,9 +95,8 @@ def test_recovery_with_no_steps_only_exports_and_never_opens_the_batches(tiny):
 def test_training_the_dense_model_moves_every_weight(tiny, examples):
     model, tokenizer = tiny
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    config = PipelineConfig(model=TINY_MODEL)
     stream = BatchStream(examples, tokenizer, batch_size=4, max_length=128, seed=0)
-    settings = type(config.finetune)(steps=2, lr=1e-3, warmup_steps=0)
+    settings = FinetuneConfig(steps=2, lr=1e-3, warmup_steps=0)
     reports = list(train_dense(model, stream, settings, dist=from_environment(), skips=SkipLimit(0)))
     assert [r.stage for r in reports] == ["finetune", "finetune"]
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
