@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from common import interleave  # noqa: E402
 
-from bsi.config import CompressConfig, HutchinsonConfig  # noqa: E402
+from bsi.config import CompressConfig, HutchinsonConfig, SizeRule  # noqa: E402
 from bsi.files import atomic_write_json  # noqa: E402
 from bsi.method.bases import thin_svd  # noqa: E402
 from bsi.method.engine import Compressor  # noqa: E402
@@ -213,7 +213,7 @@ def bench_train(args) -> dict:
 
     stream = batches()
     start = time.perf_counter()
-    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=4, iters_per_epoch=40, aux_rank=8, bases="svd",
+    config = CompressConfig(size=SizeRule.keep(0.5), rounds=4, iters_per_epoch=40, aux_rank=8, bases="svd",
                             curvature="hutchinson", hutchinson=HutchinsonConfig(probe_scope="model"))
     compressor = Compressor(model, stream, config, lm_loss, compute_dtype=torch.bfloat16)
     for _ in compressor.convert():
@@ -278,7 +278,7 @@ def bench_throughput(args) -> dict:
     for model in (dense, basel):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     dense_step = dense_train_step(dense)
-    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=4, iters_per_epoch=40, aux_rank=8, bases="svd")
+    config = CompressConfig(size=SizeRule.keep(0.5), rounds=4, iters_per_epoch=40, aux_rank=8, bases="svd")
     compressor = Compressor(basel, iter(()), config, lm_loss, compute_dtype=torch.bfloat16)
     for _ in compressor.convert():
         pass
@@ -353,7 +353,7 @@ def bench_e2e(args, progress=lambda result: None) -> dict:
         return f"{result['dense_params'] / 1e6:,.1f} M parameters"
 
     def convert():
-        config = CompressConfig(target_ratio=0.5, rounds=2, iters_per_epoch=2 * args.round_length, sampling_ratio=0.25,
+        config = CompressConfig(size=SizeRule.target(0.5), rounds=2, iters_per_epoch=2 * args.round_length, sampling_ratio=0.25,
                                 aux_rank=8, bases=args.bases, calibration_batches=args.calibration_batches)
         state["compressor"] = Compressor(state["model"], stream, config, loss, compute_dtype=torch.bfloat16)
         for _ in state["compressor"].convert():

@@ -29,7 +29,6 @@ step, both timed in this run.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -184,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{ratio} | {kept} | {r['profile_over_train_step']:.2f}x |")
     if args.json:
         Path(args.json).write_text(json.dumps({"model": args.model, "args": vars(args),
-                                               "compress": dataclasses.asdict(comp), "rows": rows,
+                                               "compress": comp.to_dict(), "rows": rows,
                                                "train_step_seconds": train_seconds}, indent=2), encoding="utf-8")
     return 0
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from common import Timings, interleave, load_embedded, machine, peak_rss_mib, real_batches, tokens_in  # noqa: E402
 
-from bsi.config import CompressConfig, HutchinsonConfig, make_config  # noqa: E402
+from bsi.config import CompressConfig, HutchinsonConfig, SizeRule, make_config  # noqa: E402
 from bsi.method.engine import Compressor  # noqa: E402
 from bsi.method.curvature import profile_batch  # noqa: E402
 from bsi.pipeline.losses import answer_token_loss  # noqa: E402
@@ -57,7 +57,7 @@ def basel_model(dense: nn.Module, aux_rank: int = 8) -> tuple[nn.Module, Compres
     import copy
 
     model = copy.deepcopy(dense)
-    config = CompressConfig(aux_rank=aux_rank, size_mode="keep", keep_ratio=0.6, rounds=4, iters_per_epoch=48,
+    config = CompressConfig(aux_rank=aux_rank, size=SizeRule.keep(0.6), rounds=4, iters_per_epoch=48,
                             bases="svd", curvature="hutchinson", hutchinson=HutchinsonConfig(probe_scope="model"))
     compressor = Compressor(model, iter(()), config, answer_token_loss)
     for _ in compressor.convert():  # plain SVD bases: no calibration batches needed
@@ -254,7 +254,7 @@ def memory_worker(kind: str, batch_size: int, max_length: int, steps: int) -> No
         for b in batches:
             step(b)
     elif kind == "compress":  # training steps then profiling steps and one pruning, as a round does
-        config = CompressConfig(aux_rank=8, size_mode="keep", keep_ratio=0.6, rounds=1, iters_per_epoch=steps,
+        config = CompressConfig(aux_rank=8, size=SizeRule.keep(0.6), rounds=1, iters_per_epoch=steps,
                                 sampling_ratio=0.5, bases="svd")
         for _ in Compressor(dense, iter(batches), config, answer_token_loss).run():
             pass

@@ -35,7 +35,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "BSIError": "bsi.errors",
     "CompressConfig": "bsi.config", "FinetuneConfig": "bsi.config", "RecoverConfig": "bsi.config",
-    "PipelineConfig": "bsi.config", "make_config": "bsi.config",
+    "PipelineConfig": "bsi.config", "SizeRule": "bsi.config", "make_config": "bsi.config",
     "Compressor": "bsi.method.engine",
     "BasisLinear": "bsi.method.layers", "LowRankLinear": "bsi.method.layers",
     "Pipeline": "bsi.pipeline.runner",

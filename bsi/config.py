@@ -3,8 +3,10 @@
 Three levels:
 
 * :class:`CompressConfig` — the pruning stage (the method's Algorithm 1):
-  schedule, size, bases, score, curvature source, learning rates; the
-  Hutchinson curvature's own settings nested in :class:`HutchinsonConfig`.
+  schedule, size, bases, score, curvature source, learning rates; the size
+  rule as one choice, :class:`SizeRule` (a target size or the paper's
+  KeepRatio), and the Hutchinson curvature's own settings nested in
+  :class:`HutchinsonConfig`.
 * :class:`FinetuneConfig` — stage 1, task fine-tuning of the dense model;
   :class:`RecoverConfig` — stage 3, fine-tuning the compressed model.
 * :class:`PipelineConfig` — the whole run: model, data, the three stages,
@@ -114,7 +116,7 @@ class _JsonConfig:
         data = {k: v for k, v in data.items() if k not in getattr(cls, "LEGACY_KEYS", ())}
         for f in fields.values():  # a flat section's keys, as files and flags write them, go into the section
             if f.metadata.get("flat"):
-                names = {g.name for g in dataclasses.fields(NESTED[(cls.__name__, f.name)])}
+                names = {g.name for g in flat_fields(NESTED[(cls.__name__, f.name)])}
                 given = data.get(f.name) or {}
                 if not isinstance(given, (dict, _JsonConfig)):
                     raise BSIError(f"{f.name} must be a JSON object of its settings, got {type(given).__name__}")
@@ -190,6 +192,108 @@ class HutchinsonConfig(_JsonConfig):
                f"probes_per_batch must be an integer >= 1, got {self.probes_per_batch}")
 
 
+#: The ratio each size mode starts from: the ``default`` preset's target, and the KeepRatio of the paper's rule.
+DEFAULT_RATIOS: dict[str, float] = {"target": 0.43, "keep": 0.6}
+
+
+@dataclass
+class _SizeRuleKeys:
+    """How files and flags spell a :class:`SizeRule`: the four keys every version of bsi has written.
+
+    Only the chosen mode's ratio is read; the other is written as its default.
+    The command line's ``--target-ratio``, ``--keep-ratio`` and ``--size-mode``
+    and the help texts are generated from these fields.
+    """
+
+    size_mode: str = option("target", "what sets the amount pruned: target (final size) or keep (the "
+                                      "importance-mass rule)", choices=SIZE_MODES)
+    target_ratio: float = option(DEFAULT_RATIOS["target"], "final parameters of the compressible layers / before, "
+                                                           "in (0, 1] (size mode target)",
+                                 sets={"size_mode": "target"}, metavar="R")
+    keep_ratio: float = option(DEFAULT_RATIOS["keep"], "KeepRatio of the importance-mass rule, in (0, 1] (size mode "
+                                                       "keep)", sets={"size_mode": "keep"}, metavar="K")
+    stops: tuple[float, ...] = option((), "size mode target: larger target ratios the run passes on its way to "
+                                          "target_ratio; each is reached at the end of a round, which names it "
+                                          "(RoundReport.stop), so one run yields a model of every size (bsi sweep)",
+                                      cli=False)
+
+
+@dataclass(frozen=True)
+class SizeRule(_JsonConfig):
+    """How much of the compressible layers a run removes: one rule, one ratio.
+
+    * ``SizeRule.target(0.43)``: the compressible layers end at 43% of their
+      dense parameters, reached through per-round budgets that shrink evenly
+      (:func:`bsi.method.schedule.path_budgets`). ``stops`` are larger sizes
+      the run passes on its way, each at the end of a round, so one run
+      yields a model of every size (``bsi sweep`` relies on it):
+      ``SizeRule.target(0.25, stops=(0.6, 0.4))``.
+    * ``SizeRule.keep(0.6)``: the paper's rule. Each round keeps
+      ``KeepRatio ** (1/T)`` of every layer's importance mass, so the final
+      size follows from the scores rather than being stated in advance.
+
+    Files and flags spell the rule with the keys bsi has always written
+    (``size_mode``, ``target_ratio``, ``keep_ratio``, ``stops``; see
+    :class:`_SizeRuleKeys`): ``--keep-ratio 0.4`` means ``SizeRule.keep(0.4)``.
+    Only the chosen mode's ratio is read; the other is written as its
+    default (:data:`DEFAULT_RATIOS`) so that files keep their shape.
+    """
+
+    mode: str = "target"
+    ratio: float = DEFAULT_RATIOS["target"]
+    stops: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_choice(self.mode, "size_mode", SIZE_MODES)
+        _check(_number(self.ratio) and 0 < self.ratio <= 1, f"{self.mode}_ratio must be in (0, 1], got {self.ratio}")
+        _check(isinstance(self.stops, (list, tuple)) and all(_number(x) for x in self.stops),
+               f"stops must be a list of numbers, got {self.stops}")
+        object.__setattr__(self, "stops", tuple(sorted({float(x) for x in self.stops}, reverse=True)))
+        if self.stops:
+            _check(self.mode == "target", "stops need size mode target (a target_ratio), not keep_ratio")
+            _check(all(self.ratio < x <= 1 for x in self.stops),
+                   f"every stop must lie in (target_ratio, 1] = ({self.ratio}, 1], got {list(self.stops)}")
+
+    @classmethod
+    def target(cls, ratio: float, stops: "tuple[float, ...] | list[float]" = ()) -> "SizeRule":
+        """End at ``ratio`` of the dense size, passing the larger sizes ``stops`` on the way."""
+        return cls("target", ratio, tuple(stops))
+
+    @classmethod
+    def keep(cls, ratio: float) -> "SizeRule":
+        """The paper's importance-mass rule with KeepRatio ``ratio``."""
+        return cls("keep", ratio)
+
+    @property
+    def sizes(self) -> tuple[float, ...]:
+        """Every size the run lands on, largest first: the stops, then the ratio."""
+        return (*self.stops, self.ratio)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rule as files write it: the mode, a ratio per mode (the other mode's at its default), the stops."""
+        ratios = {f"{mode}_ratio": self.ratio if mode == self.mode else DEFAULT_RATIOS[mode] for mode in SIZE_MODES}
+        return {"size_mode": self.mode, **ratios, "stops": self.stops}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SizeRule":
+        """The rule a file or the flags spell: ``size_mode`` picks which of the two ratios is read.
+
+        Both ratios are checked, so a mistyped value is an error even when its
+        mode is not the one chosen.
+        """
+        if not isinstance(data, dict):
+            raise BSIError(f"the size rule must be a JSON object of its keys, got {type(data).__name__}")
+        keys = {f.name: f.default for f in dataclasses.fields(_SizeRuleKeys)}
+        unknown = sorted(set(data) - set(keys))
+        _check(not unknown, f"unknown size rule key(s) {', '.join(unknown)}; valid keys: {', '.join(keys)}")
+        values = keys | data
+        for mode in SIZE_MODES:
+            ratio = values[f"{mode}_ratio"]
+            _check(_number(ratio) and 0 < ratio <= 1, f"{mode}_ratio must be in (0, 1], got {ratio}")
+        _check_choice(values["size_mode"], "size_mode", SIZE_MODES)
+        return cls(values["size_mode"], values[f"{values['size_mode']}_ratio"], values["stops"])
+
+
 @dataclass
 class CompressConfig(_JsonConfig):
     """The pruning stage: the method's Algorithm 1, with the target-size mode and gradual cuts.
@@ -199,12 +303,14 @@ class CompressConfig(_JsonConfig):
         total iterations  = iters_per_epoch [NumIterPerEpoch] * pruning_epochs [PruningEpochs]
         per round         = round(total / rounds [PruningRounds T])               [IterPerPruning]
         profiling / round = round(sampling_ratio [SamplingIterRatio] * per round) [NumProfilingIter]
-        keep per round    = keep_ratio [KeepRatio] ** (1 / rounds)                [KeepRatioPerPruning]
+        keep per round    = KeepRatio ** (1 / rounds)                             [KeepRatioPerPruning]
 
-    ``size_mode`` says what decides how much goes: ``target`` (the final size
-    of the compressible layers, ``target_ratio`` of their dense size, reached
-    through per-round budgets that shrink evenly) or ``keep`` (the paper's
-    importance-mass rule with ``keep_ratio``).
+    ``size`` is the one rule that decides how much goes (:class:`SizeRule`):
+    a target size stated in advance (``SizeRule.target(0.43)``, the final size
+    of the compressible layers as a share of their dense size, reached through
+    per-round budgets that shrink evenly) or the paper's importance-mass rule
+    (``SizeRule.keep(0.6)``, KeepRatio). Files and flags spell it as before:
+    ``--target-ratio 0.43``, ``"keep_ratio": 0.6``.
 
     ``curvature`` names the source of the second-order term; the settings only
     the Hutchinson source reads (its probes, the perturbation intensity
@@ -219,16 +325,9 @@ class CompressConfig(_JsonConfig):
 
     score: str = option("bsi", "importance score: bsi (gradient + curvature), bsi-grad (gradient only), "
                                "basel (|sigma|)", choices=SCORES)
-    size_mode: str = option("target", "what sets the amount pruned: target (final size) or keep (the "
-                                      "importance-mass rule)", choices=SIZE_MODES)
-    target_ratio: float = option(0.43, "final parameters of the compressible layers / before, in (0, 1] "
-                                      "(size mode target)", sets={"size_mode": "target"}, metavar="R")
-    keep_ratio: float = option(0.6, "KeepRatio of the importance-mass rule, in (0, 1] (size mode keep)",
-                               sets={"size_mode": "keep"}, metavar="K")
-    stops: tuple[float, ...] = option((), "size mode target: larger target ratios the run passes on its way to "
-                                          "target_ratio; each is reached at the end of a round, which names it "
-                                          "(RoundReport.stop), so one run yields a model of every size (bsi sweep)",
-                                      cli=False)
+    size: SizeRule = option(default_factory=SizeRule, flat=True,
+                            help="how much is pruned: a target size or the paper's KeepRatio (SizeRule); "
+                                 "flat in files and flags (size_mode, target_ratio, keep_ratio, stops)")
     rounds: int = option(8, "PruningRounds T: pruning rounds")
     iters_per_epoch: int = option(120, "NumIterPerEpoch: iterations of the pruning stage per epoch")
     pruning_epochs: float = option(1.0, "PruningEpochs")
@@ -274,8 +373,10 @@ class CompressConfig(_JsonConfig):
     def __post_init__(self) -> None:
         if isinstance(self.hutchinson, dict):
             self.hutchinson = HutchinsonConfig.from_dict(self.hutchinson)
+        if isinstance(self.size, dict):
+            self.size = SizeRule.from_dict(self.size)
+        _check(isinstance(self.size, SizeRule), f"size must be a SizeRule, got {type(self.size).__name__}")
         _check_choice(self.score, "score", SCORES)
-        _check_choice(self.size_mode, "size_mode", SIZE_MODES)
         _check_choice(self.selection, "selection", SELECTIONS)
         _check_choice(self.within_layer, "within_layer", WITHIN_LAYER)
         _check(self.selection != "global" or self.score != "basel",
@@ -283,9 +384,6 @@ class CompressConfig(_JsonConfig):
         _check_choice(self.bases, "bases", BASES)
         _check_choice(self.curvature, "curvature", CURVATURES)
         _check_choice(self.score_window, "score_window", SCORE_WINDOWS)
-        _check(_number(self.keep_ratio) and 0 < self.keep_ratio <= 1, f"keep_ratio must be in (0, 1], got {self.keep_ratio}")
-        _check(_number(self.target_ratio) and 0 < self.target_ratio <= 1,
-               f"target_ratio must be in (0, 1], got {self.target_ratio}")
         _check(_integer(self.rounds) and self.rounds >= 1, f"rounds must be an integer >= 1, got {self.rounds}")
         _check(_number(self.pruning_epochs) and self.pruning_epochs > 0, f"pruning_epochs must be > 0, got {self.pruning_epochs}")
         _check(_integer(self.iters_per_epoch) and self.iters_per_epoch >= 1,
@@ -305,13 +403,6 @@ class CompressConfig(_JsonConfig):
                "learning rates must be >= 0")
         _check(_number(self.distill) and 0 <= self.distill <= 100, f"distill must be in [0, 100], got {self.distill}")
         _check(self.max_skipped_batches >= 0, "max_skipped_batches must be >= 0")
-        stops = tuple(float(x) for x in self.stops) if isinstance(self.stops, (list, tuple)) else None
-        _check(stops is not None and all(_number(x) for x in stops), f"stops must be a list of numbers, got {self.stops}")
-        self.stops = tuple(sorted(set(stops), reverse=True))
-        if self.stops:
-            _check(self.size_mode == "target", "stops need size mode target (a target_ratio), not keep_ratio")
-            _check(all(self.target_ratio < x <= 1 for x in self.stops),
-                   f"every stop must lie in (target_ratio, 1] = ({self.target_ratio}, 1], got {list(self.stops)}")
         if self.round_length < 2:
             raise BSIError(
                 f"each pruning round has {self.round_length} iteration(s); raise iters_per_epoch or "
@@ -319,11 +410,6 @@ class CompressConfig(_JsonConfig):
             )
 
     # Derived schedule -----------------------------------------------------
-    @property
-    def ratio(self) -> float:
-        """The ratio that applies in the current size mode (``target_ratio`` or ``keep_ratio``)."""
-        return self.target_ratio if self.size_mode == "target" else self.keep_ratio
-
     @property
     def total_iters(self) -> int:
         """NumIterPerEpoch * PruningEpochs."""
@@ -333,11 +419,6 @@ class CompressConfig(_JsonConfig):
     def round_length(self) -> int:
         """IterPerPruning: iterations per pruning round (tuning then profiling)."""
         return max(1, round(self.iters_per_epoch * self.pruning_epochs / self.rounds))
-
-    @property
-    def sizes(self) -> tuple[float, ...]:
-        """Every size the run reaches, largest first: the stops, then ``target_ratio`` (size mode target)."""
-        return (*self.stops, self.target_ratio)
 
     @property
     def selection_rule(self) -> str:
@@ -354,12 +435,12 @@ class CompressConfig(_JsonConfig):
     @property
     def keep_per_round(self) -> float:
         """KeepRatioPerPruning = KeepRatio ** (1/T) (size mode keep)."""
-        return self.keep_ratio ** (1 / self.rounds)
+        return self.size.ratio ** (1 / self.rounds)
 
     @property
     def pool_rho(self) -> float:
-        """rho = ratio ** (gamma / T): share of sigma mass protected from the pool."""
-        return float(self.ratio) ** (self.gamma / self.rounds)
+        """rho = ratio ** (gamma / T): share of sigma mass protected from the pool (the size rule's ratio)."""
+        return float(self.size.ratio) ** (self.gamma / self.rounds)
 
 
 @dataclass
@@ -536,30 +617,30 @@ NESTED: dict[tuple[str, str], type] = {
     ("PipelineConfig", "recover"): RecoverConfig,
     ("PipelineConfig", "compress"): CompressConfig,
     ("CompressConfig", "hutchinson"): HutchinsonConfig,
+    ("CompressConfig", "size"): SizeRule,
 }
+#: A nested section whose files and flags use other keys than its fields -> the dataclass naming those keys.
+FILE_KEYS: dict[type, type] = {SizeRule: _SizeRuleKeys}
 SECTIONS = ("finetune", "compress", "recover")
 
 
 def flat_fields(cls: type) -> list[dataclasses.Field]:
     """The fields of a config dataclass as files and flags name them: a ``flat`` section's fields in its place.
 
-    ``flat_fields(CompressConfig)`` lists ``curvature``, then ``probe_scope``,
+    ``flat_fields(CompressConfig)`` lists ``score``, then ``size_mode``,
+    ``target_ratio``, ``keep_ratio``, ``stops`` (how files spell the
+    :class:`SizeRule`), ..., ``curvature``, then ``probe_scope``,
     ``hessian_method``, ... (:class:`HutchinsonConfig`'s), then ``score_window``.
     """
     out: list[dataclasses.Field] = []
-    for f in dataclasses.fields(cls):
+    for f in dataclasses.fields(FILE_KEYS.get(cls, cls)):
         out += flat_fields(NESTED[(cls.__name__, f.name)]) if f.metadata.get("flat") else [f]
     return out
 
 
 def flat_value(config: Any, name: str) -> Any:
-    """The value of the field a file or flag calls ``name`` in ``config`` (a section), looking into its flat sections."""
-    for f in dataclasses.fields(config):
-        if f.name == name:
-            return getattr(config, name)
-        if f.metadata.get("flat") and name in {g.name for g in flat_fields(type(getattr(config, f.name)))}:
-            return flat_value(getattr(config, f.name), name)
-    raise KeyError(name)
+    """The value a file or flag calls ``name`` in ``config`` (a section), as the section's file writes it."""
+    return config.to_dict()[name]
 
 
 def field_help(cls: type, name: str) -> str:

@@ -115,7 +115,7 @@ class RoundReport(_Report):
 
 @dataclass(frozen=True)
 class SizeReport(_Report):
-    """Stage 2 reached one of the run's sizes (``CompressConfig.sizes``): the model has that size now.
+    """Stage 2 reached one of the run's sizes (``SizeRule.sizes``): the model has that size now.
 
     A run with stops yields one per size, largest first; the pipeline's model
     has this size until the generator resumes, so a consumer that wants it

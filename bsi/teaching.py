@@ -471,7 +471,7 @@ def defaults_rows() -> list[dict[str, str]]:
          "why": "the tuning steps' per-example gradients come free, so the scores average more batches",
          "measured": where("scores", "protocols")},
         {"setting": "size rule", "paper": "`keep`: each layer's importance-mass rule with KeepRatio",
-         "bsi": f"{_code(ours.size_mode)}: the compressible layers end at {_code(ours.target_ratio)} of their "
+         "bsi": f"{_code(ours.size.mode)}: the compressible layers end at {_code(ours.size.ratio)} of their "
                 "dense size",
          "why": "a size stated in advance, so that methods compare at equal size; the mass rule's size follows "
                 "from the scores",

@@ -31,7 +31,7 @@ from bsi.app.format import in_app_words, number_text, significant
 from bsi.app.job import cancel_job, run_job
 from bsi.app.layout import startup_lines
 from bsi.app.state import JobBoard, LoadedModel, Session
-from bsi.config import CompressConfig, PRESETS, RecoverConfig, field_help, flat_fields, make_config
+from bsi.config import CompressConfig, PRESETS, RecoverConfig, SizeRule, field_help, flat_fields, make_config
 from bsi.errors import BSIError
 from bsi.method import theory
 from bsi.method.scores import eps_rule
@@ -102,7 +102,7 @@ def test_form_is_built_from_the_config_fields():
     for preset in PRESETS:  # every preset fills the form with its own values, and a first click is valid
         config = make_config(preset)
         form = Form.for_preset(preset)
-        assert form.size_mode == config.compress.size_mode and form.size_value == config.compress.ratio
+        assert SizeRule(form.size_mode, form.size_value) == config.compress.size
         assert (form.rounds, form.bases, form.curvature) == (config.compress.rounds, config.compress.bases,
                                                              config.compress.curvature)
         assert build_config(form).compress == config.compress
@@ -113,8 +113,7 @@ def test_form_values_reach_the_config():
     form.size_mode, form.size_value, form.eps, form.curvature = "keep", 0.4, 0.01, "hutchinson"
     form.bases, form.probe_scope, form.recover_train, form.recover_distill = "svd", "layer", "sigma", 0.5
     config = build_config(form)
-    assert config.compress.keep_ratio == 0.4 and config.compress.size_mode == "keep"  # the ratio implies the mode
-    assert config.compress.target_ratio == make_config("smoke").compress.target_ratio
+    assert config.compress.size == SizeRule.keep(0.4)  # the ratio implies the mode
     probes = config.compress.hutchinson
     assert (probes.eps, config.compress.curvature, config.compress.bases, probes.probe_scope) == \
         (0.01, "hutchinson", "svd", "layer")

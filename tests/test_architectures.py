@@ -24,7 +24,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from bsi.config import CompressConfig
+from bsi.config import CompressConfig, SizeRule
 from bsi.method.engine import Compressor
 from bsi.method.layers import BasisLinear, LowRankLinear
 from bsi.method.surgery import compressible_linear_names, compressible_parameters
@@ -65,7 +65,7 @@ def test_convert_profile_prune_export_reload(name, tmp_path):
     assert targets, f"{name} has no compressible linear layers"
     before, _ = compressible_parameters(model)
 
-    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=2, iters_per_epoch=6, sampling_ratio=0.5,
+    config = CompressConfig(size=SizeRule.keep(0.5), rounds=2, iters_per_epoch=6, sampling_ratio=0.5,
                             aux_rank=2)
     compressor = Compressor(model, token_batches(vocab=VOCAB), config, lm_loss)
     reports = list(compressor.run())

@@ -3,13 +3,13 @@ import json
 
 import pytest
 
-from bsi.config import (PRESETS, CompressConfig, HutchinsonConfig, PipelineConfig, flat_fields, flat_value,
-                        implied_updates, make_config)
+from bsi.config import (DEFAULT_RATIOS, PRESETS, CompressConfig, HutchinsonConfig, PipelineConfig, SizeRule, flat_fields,
+                        flat_value, implied_updates, make_config)
 from bsi.errors import BSIError
 
 
 def test_schedule_derivations_match_the_paper():
-    c = CompressConfig(size_mode="keep", keep_ratio=0.3, rounds=10, iters_per_epoch=500, pruning_epochs=2.0, sampling_ratio=0.1)
+    c = CompressConfig(size=SizeRule.keep(0.3), rounds=10, iters_per_epoch=500, pruning_epochs=2.0, sampling_ratio=0.1)
     assert c.total_iters == 1000
     assert c.round_length == 100  # IterPerPruning
     assert c.profiling_iters == 10  # NumProfilingIter
@@ -29,6 +29,11 @@ def test_schedule_derivations_match_the_paper():
         ({"probe_scope": "row"}, "probe_scope"),
         ({"size_mode": "both"}, "size_mode"),
         ({"target_ratio": None}, "target_ratio"),
+        ({"size_mode": "keep", "target_ratio": 2.0}, "target_ratio"),  # the unread ratio is checked too
+        ({"stops": [0.5], "target_ratio": 0.6}, "every stop must lie in"),
+        ({"stops": [0.8], "size_mode": "keep"}, "stops need size mode target"),
+        ({"stops": ["0.8"]}, "stops must be a list of numbers"),
+        ({"size_ratio": 0.5}, "unknown CompressConfig key"),
         ({"curvature": "exact"}, "curvature"),
         ({"bases": "qr"}, "bases"),
         ({"score": "basel", "selection": "global"}, "selection global"),
@@ -65,13 +70,37 @@ def test_the_hutchinson_settings_are_nested_in_python_and_flat_in_files():
         flat_value(config, "hutchinson.eps")
 
 
+def test_the_size_rule_is_one_choice_in_python_and_the_same_keys_in_files():
+    """``CompressConfig.size`` holds one rule and one ratio; files keep the keys they always had."""
+    assert CompressConfig().size == SizeRule.target(DEFAULT_RATIOS["target"])
+    keep = CompressConfig(size=SizeRule.keep(0.3))
+    written = keep.to_dict()
+    assert (written["size_mode"], written["keep_ratio"], written["stops"]) == ("keep", 0.3, ())
+    assert written["target_ratio"] == DEFAULT_RATIOS["target"]  # the other mode's ratio: its default, not read
+    assert list(written) == [f.name for f in flat_fields(CompressConfig)]  # each key where the flat class had it
+    assert CompressConfig.from_dict(written) == keep and keep.pool_rho == pytest.approx(0.3 ** (1 / keep.rounds))
+    assert CompressConfig.from_dict(written | {"target_ratio": 0.9}) == keep  # a file's unread ratio changes nothing
+    path = SizeRule.target(0.25, stops=[0.4, 0.6, 0.4])
+    assert path.stops == (0.6, 0.4) and path.sizes == (0.6, 0.4, 0.25) and SizeRule.keep(0.5).sizes == (0.5,)
+    assert CompressConfig.from_dict({"stops": [0.6], "target_ratio": 0.3}).size == SizeRule.target(0.3, stops=(0.6,))
+    assert flat_value(keep, "keep_ratio") == 0.3 and flat_value(keep, "size_mode") == "keep"
+    with pytest.raises(BSIError, match=r"keep_ratio must be in \(0, 1\], got 0"):
+        SizeRule.keep(0)
+    with pytest.raises(BSIError, match="size_mode must be one of target, keep"):
+        SizeRule("both", 0.5)
+    with pytest.raises(BSIError, match="size must be a SizeRule"):
+        CompressConfig(size=0.5)
+
+
 def test_json_round_trip_and_unknown_keys(tmp_path):
     config = make_config("default", {"compress": {"target_ratio": 0.4}})
-    assert config.compress.size_mode == "target" and config.compress.target_ratio == 0.4
+    assert config.compress.size == SizeRule.target(0.4)
     keep = make_config("default", {"compress": {"keep_ratio": 0.4}})  # a KeepRatio implies the mass rule
-    assert keep.compress.size_mode == "keep" and keep.compress.ratio == 0.4
+    assert keep.compress.size == SizeRule.keep(0.4)
+    assert make_config("paper-scale", {"compress": {"target_ratio": 0.5}}).compress.size == SizeRule.target(0.5)
+    assert make_config("paper-scale", {"compress": {"size_mode": "target"}}).compress.size == SizeRule.target(0.43)
     explicit = make_config("default", {"compress": {"keep_ratio": 0.4, "size_mode": "target"}})
-    assert explicit.compress.size_mode == "target"  # an explicit mode wins over the implied one
+    assert explicit.compress.size == SizeRule.target(0.43)  # an explicit mode wins over the implied one
     path = tmp_path / "c.json"
     path.write_text(config.to_json())
     assert PipelineConfig.from_json(path) == config
@@ -157,8 +186,7 @@ def test_one_resolver_layers_preset_protocol_flags_method_and_sizes_in_that_orde
     assert config.compress.gamma == 2.0  # 3. the protocol's own settings
     assert config.compress.rounds == 2  # 4. the flags win over both
     assert (config.compress.score, config.compress.within_layer) == ("bsi", "magnitude")  # 5. the method's own
-    assert (config.compress.size_mode, config.compress.target_ratio, config.compress.stops) == ("target", 0.25,
-                                                                                                 (0.6, 0.4))  # 6.
+    assert config.compress.size == SizeRule.target(0.25, stops=(0.6, 0.4))  # 6. the sizes
     assert resolve_config("tour").to_dict() == make_config("tour").to_dict()
     with pytest.raises(BSIError, match="unknown method 'nope': use one of svd, "):
         resolve_config(method="nope")

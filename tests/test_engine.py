@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import lm_loss, make_tiny_llama, token_batches
 
-from bsi.config import CompressConfig, HutchinsonConfig
+from bsi.config import CompressConfig, HutchinsonConfig, SizeRule
 from bsi.method.engine import Compressor
 from bsi.errors import BSIError
 from bsi.method.surgery import (
@@ -53,7 +53,7 @@ def test_model_without_linear_layers_is_rejected_before_any_change():
 
 def test_rounds_follow_schedule_and_shrink_layers():
     model = make_tiny_llama()
-    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=3, iters_per_epoch=12, sampling_ratio=0.5, aux_rank=2)
+    config = CompressConfig(size=SizeRule.keep(0.5), rounds=3, iters_per_epoch=12, sampling_ratio=0.5, aux_rank=2)
     compressor = Compressor(model, token_batches(), config, lm_loss)
     full = {n: min(model.get_submodule(n).weight.shape) for n in compressible_linear_names(model)}
     steps, rounds = run(compressor)
@@ -77,7 +77,7 @@ def test_rounds_follow_schedule_and_shrink_layers():
 @pytest.mark.parametrize("target", [0.6, 0.3])
 def test_target_size_mode_hits_target_within_one_percent(target):
     model = make_tiny_llama()
-    config = CompressConfig(size_mode="target", target_ratio=target, rounds=3, iters_per_epoch=9, sampling_ratio=0.34,
+    config = CompressConfig(size=SizeRule.target(target), rounds=3, iters_per_epoch=9, sampling_ratio=0.34,
                             aux_rank=2)
     _, rounds = run(Compressor(model, token_batches(), config, lm_loss))
     now, dense = compressible_parameters(model)
@@ -92,7 +92,7 @@ def test_same_seed_same_result(scope, score):
     probes: another seed changes bsi's importance (its curvature term) and nothing else's."""
     def once(seed=0, probe_scope=scope):
         model = make_tiny_llama()
-        config = CompressConfig(size_mode="keep", keep_ratio=0.4, rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=0,
+        config = CompressConfig(size=SizeRule.keep(0.4), rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=0,
                                 curvature="hutchinson", hutchinson=HutchinsonConfig(probe_scope=probe_scope), score=score)
         _, rounds = run(Compressor(model, token_batches(), config, lm_loss, seed=seed))
         return layer_ranks(model), [layer.importance for layer in rounds[0].layers]
@@ -111,7 +111,7 @@ def test_the_seed_reaches_the_auxiliary_vectors_and_the_probes():
     """Compressor(seed=...) draws the auxiliary vectors' start; the probes follow it unless given their own seed."""
     def start(seed, probe_seed=None):
         model = make_tiny_llama()
-        config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=1, iters_per_epoch=4, aux_rank=2)
+        config = CompressConfig(size=SizeRule.keep(0.5), rounds=1, iters_per_epoch=4, aux_rank=2)
         compressor = Compressor(model, token_batches(), config, lm_loss, seed=seed, probe_seed=probe_seed)
         list(compressor.convert())
         return [layer.aux_v.detach().clone() for layer in compressor.layers.values()], compressor.generator.get_state()
@@ -125,7 +125,7 @@ def test_the_seed_reaches_the_auxiliary_vectors_and_the_probes():
 
 def test_importance_is_what_the_score_says():
     model = make_tiny_llama()
-    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=1, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1,
+    config = CompressConfig(size=SizeRule.keep(0.5), rounds=1, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1,
                             gradient_z=0)
     _, (report,) = run(Compressor(model, token_batches(), config, lm_loss))
     assert math.isnan(report.significant_gradients)  # z = 0: no test ran
@@ -137,7 +137,7 @@ def test_importance_is_what_the_score_says():
 @pytest.mark.parametrize("z", [1.0, 100.0])
 def test_first_order_terms_are_kept_only_where_the_gradient_is_significant(z):
     model = make_tiny_llama()
-    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=1, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1,
+    config = CompressConfig(size=SizeRule.keep(0.5), rounds=1, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1,
                             gradient_z=z)
     _, (report,) = run(Compressor(model, token_batches(), config, lm_loss))
     kept = tested = 0
@@ -169,14 +169,14 @@ def test_non_finite_batches_are_skipped_counted_and_capped():
 
     loss.count = lm_loss.count  # the fisher curvature's token count
 
-    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
+    config = CompressConfig(size=SizeRule.keep(0.5), rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
                             max_skipped_batches=10, bases="svd")
     steps, rounds = run(Compressor(model, poisoned(token_batches(), 4), config, loss))
     skipped = [s for s in steps if s.skipped]
     assert len(skipped) == 2 and rounds[-1].skipped_batches == 2
     for layer in rounds[-1].layers:
         assert torch.isfinite(layer.importance).all()
-    strict = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
+    strict = CompressConfig(size=SizeRule.keep(0.5), rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
                             max_skipped_batches=1, bases="svd")
     with pytest.raises(BSIError, match="non-finite"):
         run(Compressor(make_tiny_llama(), poisoned(token_batches(), 2), strict, loss))
@@ -186,7 +186,7 @@ def test_training_steps_lower_the_loss_and_only_touch_sigma_and_aux():
     model = make_tiny_llama()
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if "embed" in n or "norm" in n}
     batch = next(token_batches())
-    config = CompressConfig(size_mode="keep", keep_ratio=1.0, rounds=1, iters_per_epoch=30, sampling_ratio=0.05, aux_rank=2, lr=1e-2,
+    config = CompressConfig(size=SizeRule.keep(1.0), rounds=1, iters_per_epoch=30, sampling_ratio=0.05, aux_rank=2, lr=1e-2,
                             aux_lr=1e-2)
     compressor = Compressor(model, iter(lambda: batch, None), config, lm_loss)
     steps, _ = run(compressor)
@@ -199,7 +199,7 @@ def test_training_steps_lower_the_loss_and_only_touch_sigma_and_aux():
 
 def test_step_reports_are_typed():
     model = make_tiny_llama()
-    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=1, iters_per_epoch=2, sampling_ratio=0.5, aux_rank=0)
+    config = CompressConfig(size=SizeRule.keep(0.5), rounds=1, iters_per_epoch=2, sampling_ratio=0.5, aux_rank=0)
     steps, rounds = run(Compressor(model, token_batches(), config, lm_loss))
     assert all(isinstance(s, StepReport) and s.total_steps == 2 for s in steps)
     d = rounds[0].to_dict()
@@ -218,7 +218,7 @@ def test_round_window_averages_the_tuning_steps_with_the_profiling_batches(score
 
     def first_round(stream, window):
         model = make_tiny_llama()
-        config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=1, iters_per_epoch=6, sampling_ratio=0.34,
+        config = CompressConfig(size=SizeRule.keep(0.5), rounds=1, iters_per_epoch=6, sampling_ratio=0.34,
                                 aux_rank=0, bases="svd", score=score, score_window=window, gradient_z=0,
                                 lr=0.0, aux_lr=0.0)
         assert config.profiling_iters == 2
@@ -238,7 +238,7 @@ def test_round_window_averages_the_tuning_steps_with_the_profiling_batches(score
 def test_a_path_lands_on_every_stop_at_the_end_of_a_round():
     """stops: one run passes each size (reported by RoundReport.stop), then ends on the target."""
     model = make_tiny_llama()
-    config = CompressConfig(target_ratio=0.3, stops=(0.7, 0.5), rounds=6, iters_per_epoch=12, sampling_ratio=0.5,
+    config = CompressConfig(size=SizeRule.target(0.3, stops=(0.7, 0.5)), rounds=6, iters_per_epoch=12, sampling_ratio=0.5,
                             aux_rank=1)
     _, rounds = run(Compressor(model, token_batches(), config, lm_loss))
     assert len(rounds) == 6
@@ -250,13 +250,13 @@ def test_a_path_lands_on_every_stop_at_the_end_of_a_round():
     sizes = [r.compressible_ratio for r in rounds]
     assert all(a >= b for a, b in zip(sizes, sizes[1:]))  # never grows back
     with pytest.raises(BSIError, match="at least 3 rounds"):
-        Compressor(make_tiny_llama(), token_batches(), CompressConfig(target_ratio=0.3, stops=(0.7, 0.5), rounds=2,
+        Compressor(make_tiny_llama(), token_batches(), CompressConfig(size=SizeRule.target(0.3, stops=(0.7, 0.5)), rounds=2,
                                                                       iters_per_epoch=4), lm_loss)
 
 
 def test_open_round_gives_each_layer_its_pool_and_the_sums_profiling_adds_to():
     """What bench/common.py and bench/gpu.py profile from: a round opened by hand, right after conversion."""
-    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5,
+    config = CompressConfig(size=SizeRule.keep(0.5), rounds=2, iters_per_epoch=8, sampling_ratio=0.5,
                             aux_rank=2, bases="svd")
     compressor = Compressor(make_tiny_llama(), token_batches(), config, lm_loss)
     for _ in compressor.convert():

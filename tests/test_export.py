@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from bsi.cli import main
-from bsi.config import CompressConfig
+from bsi.config import CompressConfig, SizeRule
 from bsi.errors import BSIError
 from bsi.method.engine import Compressor
 from bsi.method.layers import LowRankLinear
@@ -22,7 +22,7 @@ from bsi.pipeline.export import export_dense, load_compressed, save_compressed
 
 def compressed_tiny(tied: bool, keep: float = 0.3):
     model = make_tiny_llama(tied=tied)
-    config = CompressConfig(size_mode="keep", keep_ratio=keep, rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=2)
+    config = CompressConfig(size=SizeRule.keep(keep), rounds=2, iters_per_epoch=6, sampling_ratio=0.5, aux_rank=2)
     for _ in Compressor(model, token_batches(), config, lm_loss).run():
         pass
     return model

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import lm_loss, make_tiny_llama, token_batches
 
-from bsi.config import CompressConfig, HutchinsonConfig
+from bsi.config import CompressConfig, HutchinsonConfig, SizeRule
 from bsi.method.engine import Compressor
 from bsi.pipeline.export import load_compressed, save_compressed
 
@@ -20,7 +20,7 @@ def cuda_batches():
 def test_bf16_compression_on_cuda_keeps_sigma_fp32(tmp_path, scope):
     """The hutchinson source, the only one that reads probe_scope, in bf16 on the GPU."""
     model = make_tiny_llama().to("cuda", torch.bfloat16)
-    config = CompressConfig(size_mode="keep", keep_ratio=0.5, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=2,
+    config = CompressConfig(size=SizeRule.keep(0.5), rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=2,
                             curvature="hutchinson", hutchinson=HutchinsonConfig(probe_scope=scope))
     compressor = Compressor(model, cuda_batches(), config, lm_loss, compute_dtype=torch.bfloat16)
     assert compressor.eps == 0.1  # bf16 has 7 fraction bits: the rule caps eps at eps_max

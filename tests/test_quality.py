@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import lm_loss, make_tiny_llama, token_batches
 
-from bsi.config import CompressConfig, HutchinsonConfig, make_config
+from bsi.config import CompressConfig, HutchinsonConfig, SizeRule, make_config
 from bsi.method.bases import InputStatistics, svd_bases, whitened_bases
 from bsi.method.curvature import Fisher, profile_batch, sigma_gradients
 from bsi.method.engine import Compressor
@@ -91,23 +91,22 @@ def test_gradual_budgets_shrink_evenly_and_end_on_the_target():
     assert cut_caps({"a": 100}, 0.1, 0) is None
 
 
-@pytest.mark.parametrize("size", [{"size_mode": "target", "target_ratio": 0.5},
-                                  {"size_mode": "keep", "keep_ratio": 0.4}])
+@pytest.mark.parametrize("size", [SizeRule.target(0.5), SizeRule.keep(0.4)])
 def test_no_round_removes_far_more_than_its_share(size):
     model = make_tiny_llama()
     factor = 1.5
     config = CompressConfig(rounds=3, iters_per_epoch=12, sampling_ratio=0.5, aux_rank=1, max_cut_factor=factor,
-                            gamma=2.0, bases="svd", **size)
+                            gamma=2.0, bases="svd", size=size)
     shapes = {n: model.get_submodule(n).weight.shape for n in compressible_linear_names(model)}  # (out, in)
     start = sum(min(shape) for shape in shapes.values())
     rounds = [r for r in Compressor(model, token_batches(), config, lm_loss).run() if isinstance(r, RoundReport)]
     assert len(rounds) == 3
     budgets = gradual_budgets(sum(factor_cost(i, o, min(o, i), 1) for o, i in shapes.values()),
-                              round(config.target_ratio * sum(o * i for o, i in shapes.values())), config.rounds)
+                              round(config.size.ratio * sum(o * i for o, i in shapes.values())), config.rounds)
     for r, (budget, measure) in zip(rounds, budgets):
         active = sum(layer.rank_before for layer in r.layers)
         share = r.removed / active
-        if size["size_mode"] == "keep":
+        if size.mode == "keep":
             limit = 1 - config.keep_per_round
         else:  # the round's even share of the size it must shed, in the budget's own measure
             cost = factor_cost if measure == "factor" else stored_cost

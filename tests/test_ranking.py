@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bsi.analysis.ranking import RoundSnapshots, measure_round, removed, spearman, spread_sample
-from bsi.config import CompressConfig
+from bsi.config import CompressConfig, SizeRule
 from bsi.method.engine import Compressor
 from bsi.method.schedule import smallest_within
 from bsi.method.surgery import basis_layers
@@ -77,7 +77,7 @@ def test_the_measured_bsi_cut_is_the_cut_the_engine_makes():
             layer.keep(keep)
         results.append((result, held_out_loss(cut), held_out_loss(compressor.model)))
 
-    config = CompressConfig(target_ratio=0.4, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
+    config = CompressConfig(size=SizeRule.target(0.4), rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
                             curvature="hutchinson")
     run(config, hook)
     assert len(results) == 2
@@ -99,7 +99,7 @@ def test_within_layer_magnitude_keeps_the_scores_budgets_but_removes_the_smalles
                                               rule=compressor.config.selection_rule)
         seen[compressor.round_index] = (scores, pruned, by_score)
 
-    config = CompressConfig(target_ratio=0.4, rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
+    config = CompressConfig(size=SizeRule.target(0.4), rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
                             within_layer="magnitude")
     run(config, hook)
     for scores, pruned, by_score in seen.values():
@@ -119,7 +119,7 @@ def test_round_snapshots_rebuild_each_rounds_model_before_its_cut():
         snapshots.capture(compressor)
         copies[compressor.round_index] = copy.deepcopy(compressor.model)
 
-    config = CompressConfig(target_ratio=0.4, rounds=3, iters_per_epoch=9, sampling_ratio=0.4, aux_rank=2)
+    config = CompressConfig(size=SizeRule.target(0.4), rounds=3, iters_per_epoch=9, sampling_ratio=0.4, aux_rank=2)
     run(config, hook)
     ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(5))
     for round_index, original in copies.items():

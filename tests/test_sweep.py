@@ -127,7 +127,7 @@ def test_protocols_give_the_engine_methods_their_settings_and_share_the_truncati
     few = make_sweep(tmp_path / "few", methods=("svd", "bsi"), targets=(0.6, 0.4), protocols=("tuned", "paper"),
                      protocol_targets={"paper": (0.6,)})
     assert [c for c in few.cells() if c.startswith("paper/")] == ["paper/bsi@0.6/s0"]
-    assert sum(c.startswith("tuned/") for c in few.cells()) == 2 and few.config_for(0, "bsi", "paper").compress.stops == ()
+    assert sum(c.startswith("tuned/") for c in few.cells()) == 2 and few.config_for(0, "bsi", "paper").compress.size.stops == ()
     assert "## Protocol `paper`" in table and "svd bases" in table
 
 

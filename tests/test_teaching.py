@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bsi.config import PRESETS, PROTOCOLS, SIZE_MODES, CompressConfig, make_config
+from bsi.config import PRESETS, PROTOCOLS, SIZE_MODES, CompressConfig, SizeRule, make_config
 from bsi.errors import BSIError
 from bsi.method.bases import svd_bases, whitened_bases
 from bsi.method.curvature import Fisher, GradientOnly, Hutchinson, exact_hessian, sigma_gradients
@@ -74,12 +74,12 @@ def test_pipeline_runs_cut_only_the_work_of_their_preset(env, which):
         for f in dataclasses.fields(getattr(config, section)):
             if f.name not in work.get(section, {}):
                 assert getattr(getattr(config, section), f.name) == getattr(getattr(reference, section), f.name)
-    assert config.compress.size_mode == "target" == reference.compress.size_mode
+    assert config.compress.size.mode == "target" == reference.compress.size.mode
     assert set(work) <= {"eval_examples", "compress", "recover"}  # amounts of work, not the method
     assert set(work.get("compress", {})) <= {"iters_per_epoch", "calibration_batches", "rounds"}
     assert config.eval_examples <= PRESETS[preset].get("eval_examples", config.eval_examples)
     extra = settings.pipeline_config({"compress": {"target_ratio": 0.5}})
-    assert extra.compress.target_ratio == 0.5
+    assert extra.compress.size == SizeRule.target(0.5)
 
 
 def test_the_text_notebook_runs_the_text_preset_with_fewer_windows_or_the_smoke_preset_on_wikitext_2():
@@ -213,7 +213,7 @@ def test_loss_change_when_dropped_measures_and_restores():
 
 def test_rank_history_follows_a_real_compression():
     model = make_tiny_llama()
-    config = CompressConfig(target_ratio=0.5, rounds=2, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1,
+    config = CompressConfig(size=SizeRule.target(0.5), rounds=2, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1,
                             bases="svd")
     rounds = [r for r in Compressor(model, token_batches(), config, lm_loss).run() if hasattr(r, "layers")]
     history = rank_history(rounds)
@@ -264,7 +264,7 @@ def test_defaults_table_reads_its_values_from_the_config():
         assert f"`{flat[key]}`" in rows[setting]["bsi"]
     assert f"`{paper['probe_scope']}`" in rows["curvature"]["paper"]  # the published probe over the whole model
     assert rows["size rule"]["paper"].startswith("`keep`") and "keep" in SIZE_MODES
-    assert f"`{ours.size_mode}`" in rows["size rule"]["bsi"] and f"`{ours.target_ratio}`" in rows["size rule"]["bsi"]
+    assert f"`{ours.size.mode}`" in rows["size rule"]["bsi"] and f"`{ours.size.ratio}`" in rows["size rule"]["bsi"]
     assert f"{ours.rounds} rounds of {ours.round_length} iterations" in rows["schedule"]["bsi"]
     table = defaults_table_markdown("../docs/").splitlines()
     assert len(table) == 2 + len(rows) and all(line.count("|") == 6 for line in table)

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bsi.analysis.stats import (Interval, Outcomes, paired_difference, per_seed_differences, seed_interval,
+from bsi.analysis.stats import (Outcomes, paired_difference, per_seed_differences, seed_interval,
                                 value_interval)
 from bsi.results import REFERENCE, StudyRow
 

@@ -146,7 +146,7 @@ class Form:
         model = "tiny" if PRESETS[preset].get("model") == TINY_MODEL else "embedded"
         data = "wikitext-2" if config.data == WIKITEXT_2 else "embedded"
         return cls(model_source=model, data_source=data, window=config.window, eval_windows=config.eval_windows or 0,
-                   preset=preset, size_value=float(config.compress.ratio), **values)
+                   preset=preset, size_value=float(config.compress.size.ratio), **values)
 
 
 QUICK_PRESET = "tour"

@@ -197,7 +197,7 @@ def preset_table() -> str:
     for name in PRESETS:
         c = make_config(name)
         k = c.compress
-        size = f"target {k.target_ratio:g}" if k.size_mode == "target" else f"KeepRatio {k.keep_ratio:g}"
+        size = f"target {k.size.ratio:g}" if k.size.mode == "target" else f"KeepRatio {k.size.ratio:g}"
         sweep = SWEEP_PRESETS.get(name)
         if sweep:
             study = make_sweep_config(name)

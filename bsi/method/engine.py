@@ -228,9 +228,9 @@ class Compressor(RoundCheckpoint):
         self._round: RoundSums | None = None  # the statistics of the round in progress
         self._monitor: dict | None = None
         self._start = time.perf_counter()
-        if config.size_mode == "target" and config.rounds < len(config.sizes):
-            raise BSIError(f"{config.rounds} rounds cannot reach {len(config.sizes)} sizes ({len(config.stops)} stops and "
-                           f"the target): give at least {len(config.sizes)} rounds")
+        if config.rounds < len(config.size.sizes):
+            raise BSIError(f"{config.rounds} rounds cannot reach {len(config.size.sizes)} sizes ({len(config.size.stops)} "
+                           f"stops and the target): give at least {len(config.size.sizes)} rounds")
         if not compressible_linear_names(model) and not basis_layers(model):
             raise BSIError(f"{type(model).__name__} has no nn.Linear layers to compress (only embeddings or custom layers)")
         if basis_layers(model):  # converted already (by the caller, or a notebook)
@@ -470,15 +470,15 @@ class Compressor(RoundCheckpoint):
         """The size (a stop or ``target_ratio``) that round t lands on, or None for a round in between."""
         plan = self._path()
         if plan is None:
-            return self.config.ratio if round_index == self.config.rounds else None
+            return self.config.size.ratio if round_index == self.config.rounds else None
         stop = plan[round_index - 1][2]
-        return None if stop is None else self.config.sizes[stop]
+        return None if stop is None else self.config.size.sizes[stop]
 
     def _path(self) -> list[tuple[int, str, int | None]] | None:
-        cfg = self.config
-        if cfg.size_mode != "target":
+        size = self.config.size
+        if size.mode != "target":
             return None
-        return path_budgets(self.factor_start, [round(self.dense_before * r) for r in cfg.sizes], cfg.rounds)
+        return path_budgets(self.factor_start, [round(self.dense_before * r) for r in size.sizes], self.config.rounds)
 
     def _pools(self, rho: float) -> dict[str, torch.Tensor]:
         return {n: candidate_pool(self.layers[n].sigma, rho).to(self.device) for n in self.names}

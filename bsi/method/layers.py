@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 
 def factor_cost(in_features: int, out_features: int, rank: int, aux_rank: int = 0, bias: bool = False) -> int:

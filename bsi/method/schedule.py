@@ -13,7 +13,7 @@ Two size modes (``CompressConfig.size_mode``):
   the final size (:func:`gradual_budgets`), and only the last round's budget
   is the stored-size target itself. Each round then removes about the same
   share of the bases. A run may pass several sizes on its way
-  (``CompressConfig.stops``, :func:`path_budgets`): one run, one model per size.
+  (``SizeRule.stops``, :func:`path_budgets`): one run, one model per size.
 
 Which bases go within a budget (``selection``):
 

@@ -3,8 +3,8 @@
 A *method* is a small object with a ``name``, a one-line ``description`` and
 ``compress(context)``: a generator that turns ``context.model`` (already
 task-fine-tuned) into a model of :class:`~bsi.method.layers.BasisLinear`
-layers of every size the configuration asks for (``context.config.sizes``:
-the stops, then ``target_ratio``). Each time the model has one of those sizes
+layers of every size the configuration asks for (``context.config.size.sizes``:
+the stops, then the target ratio). Each time the model has one of those sizes
 it yields a :class:`~bsi.reports.SizeReport`; until the generator resumes,
 ``context.model`` *is* the model of that size (``bsi sweep`` copies it there,
 so one run gives every size). A method sees only its :class:`MethodContext`:
@@ -318,7 +318,7 @@ class TruncationMethod:
 
     def compress(self, context: MethodContext) -> Iterator[Report]:
         cfg, model, baseline = context.config, context.model, context.baseline
-        if cfg.size_mode != "target":
+        if cfg.size.mode != "target":
             raise BSIError(f"method '{self.name}' needs a target size: give target_ratio (--target-ratio), not keep_ratio")
         allocation = self.allocation if baseline.allocation == "published" else baseline.allocation
         dense = {n: model.get_submodule(n) for n in compressible_linear_names(model)}
@@ -331,10 +331,10 @@ class TruncationMethod:
             sensitivity = yield from truncation_sensitivity(
                 model, layers, baseline.sensitivity_shares, calibration_loss(context))
         full = model
-        for index, target in enumerate(cfg.sizes):
+        for index, target in enumerate(cfg.size.sizes):
             ranks = sensitivity_ranks(shapes, target, sensitivity) if sensitivity is not None \
                 else uniform_ranks(shapes, target)
-            last = index == len(cfg.sizes) - 1
+            last = index == len(cfg.size.sizes) - 1
             context.model = full if last else copy.deepcopy(full)  # the full-rank bases serve the next size
             for name in layers:
                 context.model.get_submodule(name).keep(torch.arange(ranks[name]))

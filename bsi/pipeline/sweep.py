@@ -532,7 +532,7 @@ class Sweep:
         for report in pipeline.compress():
             yield report
             if isinstance(report, SizeReport) and report.target in targets:
-                last = report.target == config.compress.target_ratio  # the run ends here: no copy needed
+                last = report.target == config.compress.size.ratio  # the run ends here: no copy needed
                 snapshots[report.target] = pipeline.model if last else copy.deepcopy(pipeline.model)
         compress_seconds = time.perf_counter() - start
         yield StageReport("compress", "end")

@@ -302,7 +302,7 @@ fig.update_layout(height=320, bargap=0, xaxis_title="basis i", yaxis_title="sigm
                   title=f"rho = ratio^(gamma/T) = {config.pool_rho:.3f}: pool of {pool.numel()} / {layer.rank}")
 fig.show()
 for gamma in (0.5, 1.0, 2.0, 4.0):
-    rho = pool_rho(config.ratio, gamma, config.rounds)
+    rho = pool_rho(config.size.ratio, gamma, config.rounds)
     print(f"gamma {gamma:>3}: rho = {rho:.3f}, pool = {candidate_pool(sigma, rho).numel():>4} of {layer.rank} bases")
 
 # %% [markdown]
@@ -341,7 +341,7 @@ print(f"the curvature term outweighs the gradient term for {share:.0%} of the po
 
 # %%
 shape = LayerShape(layer.in_features, layer.out_features, layer.rank)
-budget, measure = gradual_budgets(shape.cost(shape.rank, "factor"), round(config.target_ratio * shape.dense),
+budget, measure = gradual_budgets(shape.cost(shape.rank, "factor"), round(config.size.ratio * shape.dense),
                                   config.rounds)[0]
 pruned = {s: set(select_to_budget({name: shape}, {name: scores[s]}, {name: pool}, budget, measure)[name].tolist())
           for s in scores}

@@ -58,7 +58,7 @@ torch.manual_seed(0)
 config = settings.pipeline_config()
 c = config.compress
 print(f"preset '{settings.preset}' = {PRESETS[settings.preset]}\nwith less work: {settings.work}")
-print(f"model {config.model}; size mode {c.size_mode}: compressible layers to {c.target_ratio:.0%} of their size in "
+print(f"model {config.model}; size mode {c.size.mode}: compressible layers to {c.size.ratio:.0%} of their size in "
       f"T={c.rounds} rounds of {c.round_length} iterations ({c.round_length - c.profiling_iters} tuning + "
       f"{c.profiling_iters} profiling); bases {c.bases}, score {c.score}, curvature {c.curvature}")
 pipeline = Pipeline(config)  # no out_dir: everything stays in memory
@@ -115,7 +115,7 @@ display(Markdown(doc_markdown(gradual_budgets)))
 # %%
 _, dense = compressible_parameters(model)
 full_factors = sum(factor_cost(r["in"], r["out"], r["full_rank"], c.aux_rank) for r in rank_table(model))
-budgets = gradual_budgets(full_factors, round(c.target_ratio * dense), c.rounds)
+budgets = gradual_budgets(full_factors, round(c.size.ratio * dense), c.rounds)
 pd.DataFrame([{"after round": t, "budget": b, "measured as": m, "of the dense layers": b / dense}
               for t, (b, m) in enumerate(budgets, start=1)]).style.format(
     {"budget": "{:,}", "of the dense layers": "{:.0%}"})
@@ -306,13 +306,13 @@ display(HTML(f"<table><tr><th>question</th><th>before ({params_before:,} params)
 # %%
 before, after = history[0], history[-1]
 outcome = {"rounds": len(rounds), "removed": [r.removed for r in rounds],
-           "cuts": [[r.loss_before, r.loss_after] for r in rounds], "target": c.target_ratio,
+           "cuts": [[r.loss_before, r.loss_after] for r in rounds], "target": c.size.ratio,
            "compressible_share": after["compressible share"], "params": [params_before, params_after],
            "accuracy": [before["accuracy"], after["accuracy"]], "loss": [before["loss"], after["loss"]],
            "ranks_fall": all(h == sorted(h, reverse=True) for h in ranks.values()),
            "types": exported["type"].value_counts().to_dict()}
 print(f"Result: {params_before:,} -> {params_after:,} parameters ({params_before / params_after:.2f}x whole model, "
-      f"compressible layers at {after['compressible share']:.0%} for a target of {c.target_ratio:.0%}) in "
+      f"compressible layers at {after['compressible share']:.0%} for a target of {c.size.ratio:.0%}) in "
       f"{len(rounds)} rounds; accuracy {before['accuracy']:.0%} -> {after['accuracy']:.0%}, loss "
       f"{before['loss']:.3f} -> {after['loss']:.3f}; ran in {time.perf_counter() - start:.0f} s")
 
@@ -336,7 +336,7 @@ print(f"Result: {params_before:,} -> {params_after:,} parameters ({params_before
 # %%
 display(Markdown(
     f"* parameters {params_before:,} -> {params_after:,} ({params_before / params_after:.2f}x the whole model); "
-    f"compressible layers at {after['compressible share']:.1%} for a target of {c.target_ratio:.0%}\n"
+    f"compressible layers at {after['compressible share']:.1%} for a target of {c.size.ratio:.0%}\n"
     f"* {len(rounds)} rounds; largest cut on the fixed batch: "
     f"{max(r.loss_after - r.loss_before for r in rounds):+.3f} in loss\n"
     f"* accuracy {before['accuracy']:.0%} -> {after['accuracy']:.0%}, test loss {before['loss']:.3f} -> "

@@ -123,7 +123,7 @@ now, dense = compressible_parameters(pipeline.model)
 outcome = {"perplexity": [before.perplexity, after.perplexity], "loss": [before.loss, after.loss],
            "windows": before.examples, "tokens_scored": protocol["tokens_scored"], "window": config.window,
            "params": [before.params_total, model_parameters(pipeline.model)], "compressible_share": now / dense,
-           "target": config.compress.target_ratio, "finetune": [finetune[0], finetune[-1]] if finetune else [],
+           "target": config.compress.size.ratio, "finetune": [finetune[0], finetune[-1]] if finetune else [],
            "rounds": len(rounds), "recover_steps": len(recover),
            "pooled_loss": [pooled["finetuned"], pooled["recovered"]]}
 print(f"Result: perplexity {before.perplexity:.2f} -> {after.perplexity:.2f} on {protocol['source']} "
