@@ -30,7 +30,7 @@ from transformers.utils import logging as hf_logging
 
 from bsi.analysis.spectrum import layer_kind
 from bsi.chat import ChatSession
-from bsi.config import PRESETS, CompressConfig, RecoverConfig
+from bsi.config import PRESETS, CompressConfig, RecoverConfig, SizeRule
 from bsi.method.layers import factor_cost
 from bsi.method.schedule import gradual_budgets
 from bsi.method.surgery import compressible_parameters, model_parameters
@@ -39,6 +39,7 @@ from bsi.reports import EvalReport, RoundReport, StageReport, StepReport
 from bsi.teaching import block_index, doc_markdown, notebook_settings, rank_history, rank_table
 
 display(Markdown(doc_markdown(CompressConfig)))
+display(Markdown(doc_markdown(SizeRule)))  # its `size`: one rule, one ratio
 
 # %% [markdown]
 # ## 1. Settings, model and stage 1 (task fine-tuning)
