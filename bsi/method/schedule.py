@@ -1,6 +1,6 @@
 """How much each pruning round removes, and which bases: pure functions over per-layer vectors.
 
-Two size modes (``CompressConfig.size_mode``):
+Two size modes (``SizeRule.mode``, the configuration's ``size``):
 
 * ``keep`` (the method's rule): every layer keeps the most important bases of
   its candidate pool that hold a share ``KeepRatio ** (1/T)`` of the pool's
