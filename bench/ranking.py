@@ -18,7 +18,6 @@ finding with an interval (the study, ``bsi sweep --preset study``, gives those).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time

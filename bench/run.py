@@ -25,6 +25,7 @@ Sections (each ratio's baseline is timed in the same run, interleaved with it):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -39,7 +40,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from common import Timings, interleave, load_embedded, machine, peak_rss_mib, real_batches, tokens_in  # noqa: E402
+from common import interleave, load_embedded, machine, peak_rss_mib, real_batches, tokens_in  # noqa: E402
 
 from bsi.config import CompressConfig, HutchinsonConfig, SizeRule, make_config  # noqa: E402
 from bsi.method.engine import Compressor  # noqa: E402
@@ -256,7 +257,8 @@ def memory_worker(kind: str, batch_size: int, max_length: int, steps: int) -> No
     elif kind == "compress":  # training steps then profiling steps and one pruning, as a round does
         config = CompressConfig(aux_rank=8, size=SizeRule.keep(0.6), rounds=1, iters_per_epoch=steps,
                                 sampling_ratio=0.5, bases="svd")
-        for _ in Compressor(dense, iter(batches), config, answer_token_loss).run():
+        # the engine also draws a fixed monitor batch, so the steps' batches come round again
+        for _ in Compressor(dense, itertools.cycle(batches), config, answer_token_loss).run():
             pass
     peak = peak_rss_mib()
     print(json.dumps({"kind": kind, "peak_mib": peak, "after_load_mib": loaded}))
