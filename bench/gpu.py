@@ -73,6 +73,7 @@ from bsi.method.engine import Compressor  # noqa: E402
 from bsi.method.curvature import profile_batch  # noqa: E402
 from bsi.method.layers import LowRankLinear  # noqa: E402
 from bsi.method.surgery import model_parameters, to_exported_form  # noqa: E402
+from bsi.models import enable_checkpointing  # noqa: E402
 from bsi.pipeline.export import load_compressed, write_model_files  # noqa: E402
 from bsi.pipeline.stages import recovery_parameters  # noqa: E402
 from bsi.pipeline.training import finetune  # noqa: E402
@@ -202,7 +203,7 @@ def bench_train(args) -> dict:
     torch.manual_seed(0)
     start = time.perf_counter()
     model = random_llama(args.layers)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_checkpointing(model)
     build_s = time.perf_counter() - start
     dense_params = sum(p.numel() for p in model.parameters())
     gen = torch.Generator(device="cpu").manual_seed(1)
@@ -276,7 +277,7 @@ def bench_throughput(args) -> dict:
     dense = random_llama(args.throughput_layers)
     basel = random_llama(args.throughput_layers)
     for model in (dense, basel):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
     dense_step = dense_train_step(dense)
     config = CompressConfig(size=SizeRule.keep(0.5), rounds=4, iters_per_epoch=40, aux_rank=8, bases="svd")
     compressor = Compressor(basel, iter(()), config, lm_loss, compute_dtype=torch.bfloat16)
@@ -348,7 +349,7 @@ def bench_e2e(args, progress=lambda result: None) -> dict:
 
     def build():
         state["model"] = random_llama(args.layers, args.shape, args.device)
-        state["model"].gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(state["model"])
         result["dense_params"] = model_parameters(state["model"])
         return f"{result['dense_params'] / 1e6:,.1f} M parameters"
 

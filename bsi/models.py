@@ -153,6 +153,20 @@ def load_model_and_tokenizer(
     return model, _ensure_pad_token(tokenizer)
 
 
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them (less memory, more time).
+
+    transformers 5 renamed this *activation* checkpointing and deprecated the
+    old name; the new one is used where the installed version has it. A model
+    that supports neither is left as it is.
+    """
+    kwargs = {"use_reentrant": False}  # the non-reentrant variant works with inputs that need no gradient
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def check_model_spec(spec: str) -> None:
     """Refuse, without loading anything, a spec that names a missing folder or a file.
 

@@ -186,3 +186,26 @@ def test_keep_freed_memory_takes_effect_on_linux_and_can_be_repeated():
 
     assert keep_freed_memory() is sys.platform.startswith("linux")
     assert keep_freed_memory() is sys.platform.startswith("linux")
+
+
+def test_checkpointing_recomputes_the_same_gradients_without_deprecation_warnings():
+    """``enable_checkpointing`` trades memory for time only: the gradients are those of the plain backward pass."""
+    import warnings
+
+    from conftest import make_tiny_llama
+
+    ids = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(0))
+
+    def gradients(model):
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain, checkpointed = make_tiny_llama(), make_tiny_llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the deprecated name warns under transformers 5
+        models.enable_checkpointing(checkpointed)
+    assert checkpointed.is_activation_checkpointing and not plain.is_activation_checkpointing
+    for a, b in zip(gradients(plain), gradients(checkpointed)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    models.enable_checkpointing(torch.nn.Linear(2, 2))  # a module without checkpointing is left as it is

@@ -65,7 +65,8 @@ from bsi.pipeline.losses import DistillationLoss, answer_token_loss
 from bsi.pipeline.evaluate import Evaluation, Metrics, evaluate
 from bsi.pipeline.export import WEIGHTS, write_model_files
 from bsi.files import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir, refuse_to_replace
-from bsi.models import cache_root, load_model_and_tokenizer, model_id, resolve_device, resolve_dtype
+from bsi.models import (cache_root, enable_checkpointing, load_model_and_tokenizer, model_id, resolve_device,
+                        resolve_dtype)
 from bsi.method.surgery import compressible_linear_names, compressible_parameters, model_parameters
 from bsi.pipeline.methods import BaselineConfig, EngineResume, EngineRun, MethodContext, engine_method, get_method
 from bsi.pipeline.perplexity import LOSS_MEANING, measure_perplexity, model_context
@@ -295,8 +296,8 @@ class Pipeline:
                 self.text.train_windows, cfg.validation_size, cfg.train_size, name=self.text.name)
         if not compressible_linear_names(self.model):
             raise BSIError(f"model '{cfg.model}' has no linear layers to compress (tied output layers are left alone)")
-        if cfg.gradient_checkpointing and hasattr(self.model, "gradient_checkpointing_enable"):
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if cfg.gradient_checkpointing:
+            enable_checkpointing(self.model)
 
     def stream(self, seed_offset: int) -> BatchStream | TextBatchStream:
         """The training batches of one use (1: fine-tune, 2: compress, 3: recover, 4-5: baselines), per process.
