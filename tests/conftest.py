@@ -54,6 +54,14 @@ def isolated_cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
+@pytest.fixture()
+def tiny():
+    """The tiny random Llama and its tokenizer, as ``bsi`` loads them (a fresh copy for each test: tests train it)."""
+    from bsi.models import TINY_MODEL, load_model_and_tokenizer
+
+    return load_model_and_tokenizer(TINY_MODEL)
+
+
 @contextmanager
 def smoke_app(tmp_path, monkeypatch):
     """The dashboard on the smoke preset, served in-process on 127.0.0.1 (closed afterwards)."""

@@ -21,11 +21,6 @@ EXAMPLES = [
 ]
 
 
-@pytest.fixture()
-def tiny():
-    return load_model_and_tokenizer(TINY_MODEL)
-
-
 def _batch(tokenizer, examples=EXAMPLES[:2]):
     return collate([encode_example(tokenizer, e, max_length=128) for e in examples], tokenizer.pad_token_id)
 

@@ -13,16 +13,11 @@ from bsi.data import BatchStream, TaskData, generate_math_problems
 from bsi.errors import BSIError
 from bsi.method.layers import BasisLinear
 from bsi.method.surgery import compressible_linear_names, to_basis_form
-from bsi.models import TINY_MODEL, load_model_and_tokenizer
+from bsi.models import TINY_MODEL
 from bsi.pipeline.distributed import from_environment
 from bsi.pipeline.losses import answer_token_loss
 from bsi.pipeline.stages import SkipLimit, evaluate_model, recover_model, train_dense
 from bsi.reports import EvalReport, StageReport, StepReport
-
-
-@pytest.fixture()
-def tiny():
-    return load_model_and_tokenizer(TINY_MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,6 @@ from bsi.models import TINY_MODEL, load_model_and_tokenizer
 from bsi.pipeline.training import finetune, lr_factor
 
 
-@pytest.fixture()
-def tiny():
-    return load_model_and_tokenizer(TINY_MODEL)
-
-
 @pytest.fixture(scope="module")
 def examples():
     return generate_math_problems(64, seed=0)

@@ -37,7 +37,8 @@ and whose gradient sync does nothing.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -70,18 +71,18 @@ class DistContext:
         torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.SUM)
         return out
 
-    def sync_gradients(self, parameters: Iterable[nn.Parameter]) -> list:
-        """Average each parameter's ``.grad`` over the processes as soon as backward has filled it.
+    @contextmanager
+    def sync_gradients(self, parameters: Iterable[nn.Parameter]) -> Iterator[None]:
+        """While open, average each parameter's ``.grad`` over the processes as soon as backward has filled it.
 
-        Registers a post-accumulate-grad hook per parameter (so any training
-        loop works unchanged: the engine's tuning steps, fine-tuning, recovery).
-        A non-finite gradient on one rank becomes non-finite on every rank, so
-        all of them skip that step together. Returns the hook handles
-        (``handle.remove()`` undoes it). Profiling uses ``torch.autograd.grad``,
-        which fills no ``.grad``, so it is not affected.
+        ``with dist.sync_gradients(params): train()``. Registers a
+        post-accumulate-grad hook per parameter (so any training loop works
+        unchanged: the engine's tuning steps, fine-tuning, recovery), removed
+        on leaving. A non-finite gradient on one rank becomes non-finite on
+        every rank, so all of them skip that step together. Profiling uses
+        ``torch.autograd.grad``, which fills no ``.grad``, so it is not
+        affected. One process: nothing to do.
         """
-        if not self.enabled:
-            return []
         world = float(self.world_size)
 
         def hook(param: torch.Tensor) -> None:
@@ -89,7 +90,13 @@ class DistContext:
                 torch.distributed.all_reduce(param.grad, op=torch.distributed.ReduceOp.SUM)
                 param.grad.div_(world)
 
-        return [p.register_post_accumulate_grad_hook(hook) for p in parameters if p.requires_grad]
+        hooks = [p.register_post_accumulate_grad_hook(hook) for p in parameters if p.requires_grad] \
+            if self.enabled else []
+        try:
+            yield
+        finally:
+            for handle in hooks:
+                handle.remove()
 
     def device(self, requested: torch.device) -> torch.device:
         """On CUDA, each local rank gets its own GPU (``cuda:LOCAL_RANK``)."""

@@ -251,18 +251,14 @@ class EngineMethod:
             refuse_double_backward(getattr(compressor.source, "method", None))  # the engine may have switched to hvp
         for note in compressor.notes:
             yield StageReport("compress", "note", note)
-        hooks = context.dist.sync_gradients(p for layer in compressor.layers.values()
-                                            for p in (layer.sigma, layer.aux_u, layer.aux_v))
-        try:
+        with context.dist.sync_gradients(p for layer in compressor.layers.values()
+                                         for p in (layer.sigma, layer.aux_u, layer.aux_v)):
             for report in compressor.run():
                 if isinstance(report, RoundReport) and run.after_round is not None:
                     run.after_round(compressor, stream, report)  # saved before anyone sees it: a consumer may stop
                 yield report
                 if isinstance(report, RoundReport) and report.stop is not None:
                     yield size_report(context.model, report.stop)
-        finally:
-            for hook in hooks:
-                hook.remove()
         context.notes.extend(compressor.notes)
 
 

@@ -91,15 +91,11 @@ def train_dense(model: nn.Module, batches: Iterator[dict], settings: FinetuneCon
     """
     for p in model.parameters():
         p.requires_grad_(True)
-    hooks = dist.sync_gradients(model.parameters())
-    try:
+    with dist.sync_gradients(model.parameters()):
         yield from skips.watch(finetune(
             model, batches, steps=settings.steps, lr=settings.lr, stage="finetune",
             weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm,
             warmup_steps=settings.warmup_steps))
-    finally:
-        for hook in hooks:
-            hook.remove()
 
 
 def recover_model(model: nn.Module, open_batches: Callable[[], Iterator[dict]], settings: RecoverConfig, *,
@@ -141,15 +137,11 @@ def recover_model(model: nn.Module, open_batches: Callable[[], Iterator[dict]], 
     for p in params:
         p.requires_grad_(True)
     yield StageReport(stage, "start", f"{settings.steps} steps, training {settings.train}")
-    hooks = dist.sync_gradients(params)
-    try:
+    with dist.sync_gradients(params):
         yield from skips.watch(finetune(
             model, open_batches(), steps=settings.steps, lr=settings.lr, stage=stage, parameters=params,
             loss_fn=loss_fn, weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm,
             warmup_steps=settings.warmup_steps))
-    finally:
-        for hook in hooks:
-            hook.remove()
     if settings.train == "sigma":
         unshard()
         table = to_exported_form(model)
