@@ -16,18 +16,23 @@ sweep made before sweeps stored their test problems gets them rebuilt from
 its configuration (no model needed). :func:`study_tables` is the generated
 part of ``docs/results/`` (``python -m bsi.cli.docs``): a shipped sweep's
 tables, exactly as its ``results.md``, which the tests recompute from the
-shipped rows and outcomes.
+shipped rows and outcomes. :func:`draw_sweep_figure` draws a shipped sweep's
+figure for the docs (``docs/<name>.png`` and ``.html``), stamped with the
+SHA-256 of the ``stats.json`` it was drawn from, so a test can tell a figure
+whose data changed or does not ship.
 
 Command line::
 
     python -m bsi.shipped run runs/default default --command "bsi compress --preset default --dense-recovery"
     python -m bsi.shipped sweep runs/sq-s0 study-quick --command "bsi sweep --preset study-quick"
+    python -m bsi.shipped figure study-quick      # docs/study-quick.png and .html from data/sweeps/study-quick
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import shutil
 import sys
@@ -35,7 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bsi.errors import BSIError
-from bsi.files import atomic_directory, atomic_write_json, atomic_write_text
+from bsi.files import atomic_directory, atomic_write_bytes, atomic_write_json, atomic_write_text
 from bsi.results import StudyRow, read_study_rows
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -224,14 +229,84 @@ def study_tables(name: str = FIRST_SWEEP, root: Path = DATA) -> str:
     return (folder / "results.md").read_text(encoding="utf-8").strip()
 
 
+DOCS = DATA.parent / "docs"
+"""Where :func:`draw_sweep_figure` writes (the repository's ``docs/``)."""
+FIGURE_STAMP = "bsi-source-sha256"
+"""The PNG text key (and HTML comment) that names the SHA-256 of the ``stats.json`` a docs figure was drawn from."""
+
+
+def file_sha256(path: Path) -> str:
+    """The hex SHA-256 of a file's bytes."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def figure_stamp(path: Path) -> str | None:
+    """The source SHA-256 a docs figure (``.png`` or ``.html``) carries, or None when it carries none."""
+    if path.suffix == ".png":
+        from PIL import Image
+
+        with Image.open(path) as image:
+            return image.info.get(FIGURE_STAMP)
+    found = path.read_text(encoding="utf-8").split(f"<!-- {FIGURE_STAMP} ", 1)
+    return found[1].split(" ", 1)[0] if len(found) == 2 else None
+
+
+def draw_sweep_figure(name: str, root: Path = DATA, docs: Path = DOCS) -> list[Path]:
+    """Draw the shipped sweep ``data/sweeps/<name>``'s figure into ``docs/<name>.png`` and ``docs/<name>.html``.
+
+    The figure is :func:`bsi.analysis.figures.study_figure` of the sweep's
+    ``stats.json`` (accuracy and loss against whole-model size, 95% bands).
+    Both files carry that file's SHA-256 (a PNG text chunk, an HTML comment):
+    a figure in the docs is only as good as the data it can be traced to.
+    The HTML draws with the walkthroughs' local ``plotly.min.js`` (no CDN);
+    the PNG needs kaleido's Chromium (``make chromium``).
+    """
+    folder = shipped_sweep(name, root)
+    if folder is None or not (folder / "stats.json").is_file():
+        raise BSIError(f"no shipped sweep with statistics at data/sweeps/{name}: ship one with "
+                       "`python -m bsi.shipped sweep FOLDER NAME --command ...` first")
+    from io import BytesIO
+
+    from PIL import Image, PngImagePlugin
+
+    from bsi.analysis.figures import study_figure
+
+    digest = file_sha256(folder / "stats.json")
+    figure = study_figure(json.loads((folder / "stats.json").read_text(encoding="utf-8")))
+    try:
+        png = figure.to_image(format="png", width=1200, height=int(figure.layout.height or 540), scale=1)
+    except Exception as error:  # kaleido's errors (no browser, a crash) come in several types
+        raise BSIError(f"could not draw data/sweeps/{name}'s figure as PNG ({error}); kaleido needs Chromium: "
+                       "run `make chromium`") from error
+    info = PngImagePlugin.PngInfo()
+    info.add_text(FIGURE_STAMP, digest)
+    buffer = BytesIO()
+    with Image.open(BytesIO(png)) as image:
+        image.save(buffer, format="PNG", pnginfo=info)
+    html = figure.to_html(include_plotlyjs="walkthroughs/plotly.min.js", full_html=True)
+    html = html.replace("<head>", f"<head>\n<!-- {FIGURE_STAMP} {digest} data/sweeps/{name}/stats.json -->", 1)
+    png_path, html_path = docs / f"{name}.png", docs / f"{name}.html"
+    atomic_write_bytes(png_path, buffer.getvalue())
+    atomic_write_text(html_path, html)
+    return [png_path, html_path]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bsi.shipped", description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=("run", "sweep"), help="a finished `bsi compress` run or a `bsi sweep` folder")
-    parser.add_argument("source", help="the folder to ship")
-    parser.add_argument("name", help="its name under data/runs/ or data/sweeps/")
-    parser.add_argument("--command", required=True, help="the command that made it (kept in command.txt)")
+    kinds = parser.add_subparsers(dest="kind", required=True)
+    for kind, what in (("run", "a finished `bsi compress` run"), ("sweep", "a finished `bsi sweep` folder")):
+        sub = kinds.add_parser(kind, help=f"ship {what} into data/")
+        sub.add_argument("source", help="the folder to ship")
+        sub.add_argument("name", help="its name under data/runs/ or data/sweeps/")
+        sub.add_argument("--command", required=True, help="the command that made it (kept in command.txt)")
+    figure = kinds.add_parser("figure", help="draw a shipped sweep's figure into docs/<name>.png and .html")
+    figure.add_argument("name", help="the sweep's name under data/sweeps/")
     args = parser.parse_args(argv)
     try:
+        if args.kind == "figure":
+            for path in draw_sweep_figure(args.name):
+                print(f"wrote {path}")
+            return 0
         ship = ship_run if args.kind == "run" else ship_sweep
         target = ship(args.source, args.name, args.command)
     except BSIError as err:

@@ -156,3 +156,41 @@ def test_the_html_pages_of_the_docs_load_nothing_from_the_network():
         assert scripts, f"{page.name} loads no plotly.js: its figure would not draw"
         for src in scripts:
             assert (page.parent / src).is_file(), f"{page.name} loads {src}, which is not there"
+
+
+def _readme_figures() -> list[Path]:
+    """The figures README.md shows from docs/ (results, not the dashboard's screenshots under docs/img/)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return [ROOT / m for m in re.findall(r"!\[[^\]]*\]\((docs/[^)/]+\.png)\)", text)]
+
+
+def test_the_readme_shows_only_figures_drawn_from_shipped_data():
+    """A result figure on the front page must trace to a shipped sweep: its stamp is that stats.json's SHA-256."""
+    from bsi.shipped import figure_stamp, file_sha256
+
+    figures = _readme_figures()
+    assert figures, "the README shows at least one result figure"
+    for figure in figures:
+        stats = ROOT / "data" / "sweeps" / figure.stem / "stats.json"
+        assert stats.is_file(), f"{figure.name} is shown but data/sweeps/{figure.stem} does not ship"
+        for drawn in (figure, figure.with_suffix(".html")):
+            assert figure_stamp(drawn) == file_sha256(stats), \
+                f"{drawn.name} was not drawn from the shipped {stats}: run `python -m bsi.shipped figure {figure.stem}`"
+
+
+def test_a_drawn_sweep_figure_carries_its_data_and_stamp(tmp_path):
+    """draw_sweep_figure: the PNG and HTML carry the source's SHA-256, and the HTML plots the shipped points."""
+    import json
+
+    from bsi.shipped import DATA, draw_sweep_figure, figure_stamp, file_sha256
+
+    png, html = draw_sweep_figure("study-quick", docs=tmp_path)
+    stats_path = DATA / "sweeps" / "study-quick" / "stats.json"
+    assert figure_stamp(png) == figure_stamp(html) == file_sha256(stats_path)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from bsi.analysis.figures import study_figure
+
+    stats = json.loads(stats_path.read_text())
+    cells = sorted(stats["protocols"]["tuned"]["methods"]["bsi"].values(), key=lambda c: -c["params_total"])
+    drawn = next(t for t in study_figure(stats).data if t.name == "bsi" and t.mode == "lines+markers")
+    assert list(drawn.y) == [stats["dense"]["accuracy"]["estimate"] * 100] + [c["accuracy"]["estimate"] * 100 for c in cells]
