@@ -19,6 +19,9 @@ measured. Interactive views (ipywidgets with a FigureWidget) cannot run
 without a kernel: the copies show them as the notebook left them,
 their controls' values as a line of text. Every copy carries the SHA-256 of
 its source (``notebooks/src/NN_name.py``) so a test can tell a stale copy.
+A notebook's links are written for ``notebooks/``; each copy's are
+rewritten for the folder it lives in (:func:`relink`), the "Next:" link
+leading to the next page of the same kind.
 
 How the times are measured, on the embedded model (the default): a
 notebook first runs with a fresh, empty cache that holds only the converted
@@ -49,6 +52,7 @@ import importlib.util
 import json
 import os
 import platform
+import posixpath
 import re
 import shutil
 import sys
@@ -166,6 +170,25 @@ def execute(notebook: nbformat.NotebookNode, model: str, cache: Path, workdir: P
     probe = nb.cells.pop()
     nb.metadata[FIGURE_STATE] = json.loads("".join(o.text for o in probe.outputs if o.output_type == "stream"))
     return Execution(nb, seconds, other)
+
+
+def temporary_paths(nb: nbformat.NotebookNode, folder: str | Path) -> list[str]:
+    """Where the outputs of executed ``nb`` show ``folder``, as ``cell N: the line`` (N counts every cell from 1).
+
+    ``folder`` is the render's scratch folder: the bsi caches and the
+    ``TMPDIR`` its runs use live there, and vanish with it, so a path into it
+    means nothing to a reader (the notebook should print what reads anywhere,
+    e.g. "from the cache").
+    """
+    folders = {str(folder), os.path.realpath(folder)}
+    found = []
+    for number, cell in enumerate(nb.cells, 1):
+        for output in cell.get("outputs", []):
+            texts = [output.get("text", ""), *output.get("traceback", []),
+                     *(v for k, v in output.get("data", {}).items() if k.startswith("text/") and isinstance(v, str))]
+            found += [f"cell {number}: {line.strip()}" for text in texts for line in text.splitlines()
+                      if any(f in line for f in folders)]
+    return list(dict.fromkeys(found))
 
 
 def fresh_cache(root: Path, with_embedded: bool) -> Path:
@@ -350,6 +373,74 @@ def tex_to_mathml(markdown: str) -> str:
     return _MATH.sub(swap, markdown)
 
 
+#: Markdown code (fenced, or a span: left alone), a Markdown link or image target, an HTML ``href``/``src`` value.
+_LINK = re.compile(r"(```.*?```|`[^`\n]*`)|(\]\(<?)([^)\s>]+)|(\b(?:href|src)=\")([^\"]+)", re.S)
+_HTML_ATTRIBUTE = re.compile(r"(\b(?:href|src)=\")([^\"]+)")
+_SIBLING = re.compile(r"(\d\d_\w+)\.ipynb")
+
+
+def _relinked_target(target: str, pages: str, source: str, copies: str) -> str:
+    """One link target, written for ``source``, as :func:`relink` writes it for ``copies``."""
+    if not target or target.startswith(("#", "/")) or re.match(r"[A-Za-z][\w+.-]*:", target):
+        return target  # an anchor on the same page, an absolute path, a URL (http:, mailto:, data:)
+    path, rest = re.match(r"([^#?]*)(.*)", target, re.S).groups()  # rest: the #anchor or ?query, kept
+    sibling = _SIBLING.fullmatch(path)
+    if sibling:  # the next notebook: its rendered page beside this one
+        return f"{sibling.group(1)}.{pages}{rest}"
+    moved = posixpath.relpath(posixpath.normpath(posixpath.join(source, path)), copies)
+    return moved + ("/" if path.endswith("/") else "") + rest
+
+
+def relink(text: str, pages: str, html_text: bool = False, source: str = "notebooks",
+           copies: str = "docs/walkthroughs") -> str:
+    """``text`` (a notebook's Markdown or HTML) with its relative links rewritten for the rendered copies.
+
+    A notebook writes links relative to its own folder (``source``,
+    ``notebooks/``): ``../docs/method.md#3-importance-scores``,
+    ``02_importance_scoring.ipynb``. Its copies live in ``copies``
+    (``docs/walkthroughs/``), where the first must read
+    ``../method.md#3-importance-scores``: each relative target is resolved
+    from ``source`` and written again from ``copies`` (its ``#anchor`` or
+    ``?query`` kept). A sibling notebook (``NN_name.ipynb``) becomes its
+    rendered page beside the copy, ``NN_name.<pages>`` (``md``, ``html``, or
+    ``ipynb`` for the executed copy). URLs (``https:``, ``mailto:``,
+    ``data:``), absolute paths and same-page anchors stay as they are.
+
+    Markdown links and images (``[text](target)``) and HTML ``href``/``src``
+    values are rewritten, code (fenced blocks, back-quoted spans) is not;
+    with ``html_text``, ``text`` is HTML (an exported page) and only
+    ``href``/``src`` values are.
+
+    >>> relink("[§3](../docs/method.md#3-importance-scores), next: [03](03_pruning_rounds.ipynb)", "html")
+    '[§3](../method.md#3-importance-scores), next: [03](03_pruning_rounds.html)'
+    """
+    def swap(match: re.Match) -> str:
+        code, opening, target, attribute, value = match.groups()
+        if code is not None:
+            return code
+        if target is not None:
+            return opening + _relinked_target(target, pages, source, copies)
+        return attribute + _relinked_target(value, pages, source, copies)
+    if html_text:
+        return _HTML_ATTRIBUTE.sub(lambda m: m.group(1) + _relinked_target(m.group(2), pages, source, copies), text)
+    return _LINK.sub(swap, text)
+
+
+def relinked(nb: nbformat.NotebookNode, pages: str) -> nbformat.NotebookNode:
+    """A copy of ``nb`` whose Markdown cells and Markdown/HTML outputs link as :func:`relink` says for ``pages``."""
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = relink(cell.source, pages)
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if "text/markdown" in data:
+                data["text/markdown"] = relink(data["text/markdown"], pages)
+            if "text/html" in data:
+                data["text/html"] = relink(data["text/html"], pages, html_text=True)
+    return nb
+
+
 def html_page(nb: nbformat.NotebookNode, stamp: str) -> str:
     """The offline HTML page of an executed (static) notebook: plotly figures drawn by the local plotly.js."""
     import plotly.io as pio
@@ -401,8 +492,9 @@ def write_copies(nb: nbformat.NotebookNode, stem: str, model: str, out: Path, da
     stamp = _stamp(stem, model, date)
     static = static_copy(nb)
     static.metadata["bsi_walkthrough"] = stamp_of(stamp)
-    page = html_page(static, stamp)
-    text, images = markdown_page(static, stem, stamp)
+    page = html_page(relinked(static, "html"), stamp)
+    text, images = markdown_page(relinked(static, "md"), stem, stamp)
+    static = relinked(static, "ipynb")  # JupyterLab opens the next executed notebook, live figures and all
     files = out / f"{stem}_files"
     shutil.rmtree(files, ignore_errors=True)
     for name, data in images.items():
@@ -443,6 +535,9 @@ def render(stems: Iterable[str], model: str, out: Path, log=print) -> dict[str, 
         for stem in stems:
             notebook = nbformat.read(HERE / f"{stem}.ipynb", as_version=4)
             executed, entry = measure(stem, notebook, model, Path(scratch), costs, log)
+            for where in temporary_paths(executed, scratch):
+                log(f"warning: {stem}, {where}: a path into this render's temporary folder, gone when it ends "
+                    f"(print something that reads anywhere)")
             date = datetime.date.today().isoformat()
             times.update(date=date, machine=machine(), how=HOW)
             times.setdefault("notebooks", {})[stem] = entry | {"date": date, "machine": machine(),

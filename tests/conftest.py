@@ -20,7 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 #: built from configs.
 UNIT_FILES = frozenset({"test_theory.py", "test_stats.py", "test_estimator.py", "test_importance.py", "test_layers.py",
                         "test_imports.py", "test_config.py", "test_progress.py", "test_data.py", "test_docs.py",
-                        "test_text.py", "test_results.py"})
+                        "test_text.py", "test_results.py", "test_links.py"})
 E2E_FILES = frozenset({"test_app_browser.py", "test_notebooks.py", "test_walkthroughs.py", "test_real_model.py"})
 TIERS = ("unit", "integration", "e2e")
 

@@ -249,6 +249,28 @@ def test_doc_markdown_fences_literal_blocks():
         doc_markdown(undocumented)
 
 
+def test_doc_markdown_quotes_the_first_paragraphs_and_links_the_file_with_the_rest():
+    import bsi.method.layers as layers
+
+    whole = doc_markdown(layers)
+    for count in (1, 2, 3):
+        text = doc_markdown(layers, paragraphs=count)
+        quoted, rest = text.rsplit("\n\n", 1)
+        assert whole.startswith(quoted) and len(quoted) < len(whole)  # the library's own text, its beginning
+        assert len(quoted.split("\n\n")) == count + 1 or "```" in quoted  # the title, then `count` paragraphs
+        assert quoted.count("```") % 2 == 0  # a code block is never cut in two
+        assert rest == ("*The rest of `bsi.method.layers`'s docstring: "
+                        "[`bsi/method/layers.py`](../bsi/method/layers.py).*")
+        assert (ROOT / "notebooks" / "../bsi/method/layers.py").resolve().is_file()  # from notebooks/, where it is read
+    assert len(doc_markdown(layers, paragraphs=3)) > len(doc_markdown(layers, paragraphs=1))
+    cut = doc_markdown(CompressConfig, paragraphs=1, root="../../")
+    assert cut.endswith("[`bsi/config.py`](../../bsi/config.py).*") and "CompressConfig" in cut.splitlines()[-1]
+    short = doc_markdown(result_of, paragraphs=50)  # no more paragraphs than asked: nothing cut, no link
+    assert short == doc_markdown(result_of) and "The rest of" not in short
+    with pytest.raises(BSIError, match="paragraphs must be at least 1"):
+        doc_markdown(layers, paragraphs=0)
+
+
 
 
 def test_defaults_table_reads_its_values_from_the_config():

@@ -104,6 +104,21 @@ def test_formulas_become_mathml_and_code_stays():
     assert "5 $ or" in text  # a lone dollar is prose
 
 
+def test_temporary_paths_names_the_cells_that_print_the_renders_scratch_folder(tmp_path):
+    render = _load("render")
+    scratch = tmp_path / "bsi-walkthroughs-x"
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell(f"Not an output: {scratch}"),
+        nbformat.v4.new_code_cell("print(path)", outputs=[nbformat.v4.new_output(
+            "stream", name="stdout", text=f"stage 1: done\nstage 1: {scratch}/cache-1/finetuned/ab12\n")]),
+        nbformat.v4.new_code_cell("path", outputs=[nbformat.v4.new_output(
+            "execute_result", data={"text/plain": f"PosixPath('{scratch}/tmpq1')"}, execution_count=1)]),
+        nbformat.v4.new_code_cell("1", outputs=[nbformat.v4.new_output("stream", name="stdout", text="1\n")])])
+    assert render.temporary_paths(nb, scratch) == [f"cell 2: stage 1: {scratch}/cache-1/finetuned/ab12",
+                                                   f"cell 3: PosixPath('{scratch}/tmpq1')"]
+    assert render.temporary_paths(nb, tmp_path / "elsewhere") == []
+
+
 def test_cli_refuses_a_tiny_render_into_docs_and_unknown_notebooks(capsys):
     render = _load("render")
     with pytest.raises(SystemExit):
@@ -157,7 +172,7 @@ def test_tiny_render_reads_anywhere(stem, tiny_render):
     figures = [o for o in outputs if render.PLOTLY in o.get("data", {})]
     assert len(figures) >= 2 and not any(render.WIDGET_VIEW in o.get("data", {}) for o in outputs)
     notes = _notes(outputs)
-    assert len(notes) == 1  # each notebook's interactive view, shown as the notebook left it
+    assert notes  # each notebook's interactive views (03 has two), shown as the notebook left them
     printed = _texts(executed)
     assert any(t.startswith("Result: ") for t in printed)
 
@@ -173,7 +188,8 @@ def test_tiny_render_reads_anywhere(stem, tiny_render):
 
     markdown = (out / f"{stem}.md").read_text(encoding="utf-8")
     assert render.stamp_of(markdown) == render.stamp_of(page)
-    assert line in markdown and all(t in markdown for t in printed) and notes[0] in markdown
+    assert "bsi-walkthroughs-" not in markdown  # no path into the render's temporary folder (its caches, TMPDIR)
+    assert line in markdown and all(t in markdown for t in printed) and all(n in markdown for n in notes)
     assert "plotly" not in markdown.lower().split("```")[-1]  # no figure left as script or JSON after the code
     images = _images(markdown)
     assert len(images) == len(figures) and all(not i.startswith(("http:", "https:", "/")) for i in images)
@@ -226,6 +242,7 @@ def test_committed_walkthroughs_match_the_notebook_sources():
             measured = times["notebooks"][entry["cached_s_derived_from"]]
             assert measured["cache_entries"] == entry["cache_entries"] and "cached_s_derived_from" not in measured
         assert build.runtime_line(stem, times) in markdown
+        assert "bsi-walkthroughs-" not in markdown, f"{stem} prints a path into the render's temporary folder"
         assert not NETWORK.findall(page)
         assert all((DOCS / image).is_file() for image in _images(markdown))
     assert (DOCS / render.PLOTLY_JS).is_file()
@@ -246,8 +263,12 @@ def _quotes(stem: str) -> list[tuple[str, str]]:
 
 
 def test_committed_walkthroughs_quote_the_library_as_it_is_now():
-    """A docstring changed after the render would show students old text: every quoted line must still be there."""
-    build = _load("build")
+    """A docstring changed after the render would show students old text: every quoted line must still be there.
+
+    A quote cut short (``doc_markdown(..., paragraphs=n)``) is checked as far as it goes, its link to the rest
+    as the rendered copy writes it (:func:`relink`, from ``docs/walkthroughs/``).
+    """
+    render, build = _load("render"), _load("build")
     rendered = [s.stem for s in build.sources() if (DOCS / f"{s.stem}.md").exists()]
     if not rendered:
         pytest.skip("no rendered walkthroughs committed yet in docs/walkthroughs/ (run `make walkthroughs`)")
@@ -255,7 +276,7 @@ def test_committed_walkthroughs_quote_the_library_as_it_is_now():
     for stem in rendered:
         markdown = (DOCS / f"{stem}.md").read_text(encoding="utf-8")
         for expression, text in _quotes(stem):
-            stale = [line for line in text.splitlines() if line.strip() and line not in markdown]
+            stale = [line for line in render.relink(text, "md").splitlines() if line.strip() and line not in markdown]
             assert not stale, (f"{stem} quotes {expression}, whose text changed since the render (first changed "
                                f"line: {stale[0]!r}): render it again (`make walkthroughs`)")
             quoted += 1
