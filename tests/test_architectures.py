@@ -18,6 +18,7 @@ from conftest import lm_loss, token_batches
 from torch import nn
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     Phi3Config,
@@ -41,6 +42,9 @@ ARCHITECTURES = {
     "mistral": lambda: MistralConfig(**SIZES, sliding_window=None),
     "phi3": lambda: Phi3Config(**SIZES, pad_token_id=0),  # fused qkv_proj and gate_up_proj
     "llama-tied": lambda: LlamaConfig(**{**SIZES, "tie_word_embeddings": True}),  # the tied head stays dense
+    # Gemma 3 (gemma3-270m's family): head_dim apart from hidden/heads, q/k norms, sliding and full attention, tied head
+    "gemma3-tied": lambda: Gemma3TextConfig(**{**SIZES, "tie_word_embeddings": True}, head_dim=16, sliding_window=8,
+                                            layer_types=["sliding_attention", "full_attention"]),
 }
 
 

@@ -149,7 +149,7 @@ def test_unknown_name_without_offline_mode_is_quick_too():
         load_model_and_tokenizer("Tiny-Random-Llama2")
     assert time.perf_counter() - start < 60  # a hang on the hub's retries takes minutes; a loaded 2-core machine 20+ s
     assert models.closest_built_in("nobody/no-such-model") == \
-        "built-in names: smollm2-135m-instruct, embedded, tiny-random-llama"
+        "built-in names: smollm2-135m-instruct, embedded, tiny-random-llama, gemma3-270m"
 
 
 def test_missing_embedded_package_says_how_to_install(monkeypatch, tmp_path):

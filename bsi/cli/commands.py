@@ -360,12 +360,15 @@ def _run_eval_lm_eval(args: argparse.Namespace) -> int:
 
 
 def _lm_eval_model_folder(spec: str) -> str:
-    """The folder lm-eval's ``hf`` model loads for ``--model``: the embedded model's cached copy, or the folder given."""
-    from bsi.models import BUILT_IN_MODELS, EMBEDDED_MODEL, check_model_spec, ensure_embedded_model
+    """The folder lm-eval's ``hf`` model loads for ``--model``: a built-in model's cached copy, or the folder given."""
+    from bsi.models import (BUILT_IN_MODELS, EMBEDDED_MODEL, GEMMA_MODEL, check_model_spec, ensure_embedded_model,
+                            ensure_gemma_model)
 
     if spec in BUILT_IN_MODELS:
         if spec == "embedded" or spec == EMBEDDED_MODEL:
             return str(ensure_embedded_model())
+        if spec == GEMMA_MODEL:
+            return str(ensure_gemma_model())
         raise BSIError(f"--lm-eval loads model folders: '{spec}' has none (give a bsi output folder or a model folder)")
     check_model_spec(spec)
     return spec
