@@ -228,9 +228,12 @@ class SizeRule(_JsonConfig):
       the run passes on its way, each at the end of a round, so one run
       yields a model of every size (``bsi sweep`` relies on it):
       ``SizeRule.target(0.25, stops=(0.6, 0.4))``.
-    * ``SizeRule.keep(0.6)``: the paper's rule. Each round keeps
-      ``KeepRatio ** (1/T)`` of every layer's importance mass, so the final
-      size follows from the scores rather than being stated in advance.
+    * ``SizeRule.keep(0.6)``: the paper's rule. Each round keeps, in every
+      layer's candidate pool, the most important bases whose importance
+      adds up to ``KeepRatio ** (1/T)`` of the pool's total *positive*
+      importance (a basis of negative importance always goes, and so does
+      a pool whose scores are all negative), so the final size follows
+      from the scores rather than being stated in advance.
 
     Files and flags spell the rule with the keys bsi has always written
     (``size_mode``, ``target_ratio``, ``keep_ratio``, ``stops``; see

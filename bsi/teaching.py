@@ -72,11 +72,18 @@ class NotebookSettings:
     max_length: int = 128
     test_size: int = 32
     calibration_batches: int = 4  # 01, 02: batches whose inputs set the whitened bases (01 holds as many out)
+    tail_windows: int = 8  # notebook 01, section 4: WikiText-2 validation windows the tail cuts are measured on
+    tail_window: int = 256  # notebook 01, section 4: tokens per window
     exact_positions: int = 12  # bases whose exact Hessian diagonal notebook 02 computes
     probes: int = 16  # single-probe Hutchinson estimates drawn in notebook 02
     profile_batches: int = 2  # notebook 02: mini-batches averaged for E[g] and E[h]
     profile_batch_size: int = 2  # notebook 02: examples per mini-batch (gradients through the model: keep small)
-    ranking_singles: int = 8  # notebook 02, section 6: candidates removed one at a time per round
+    ranking_singles: int = 8  # notebook 02, section 6: candidates removed one at a time (last round)
+    #: notebook 02, section 6: its short run, on top of ``work`` (same fine-tune as notebooks 03 and 05): two rounds
+    #: of a few iterations, held-out loss on ``validation_size`` problems, no recovery, no evaluation
+    ranking_work: dict = field(default_factory=lambda: {
+        "eval_examples": 0, "validation_size": 16, "recover": {"steps": 0},
+        "compress": {"score": "bsi", "rounds": 2, "iters_per_epoch": 8, "calibration_batches": 4}})
     eps_values: tuple[float, ...] = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 0.5)
     spectrum_k: int = 32  # notebook 04: size of each layer's exact Hessian block
     spectrum_layers: int = 3  # notebook 04: layers whose spectrum is computed
@@ -84,11 +91,14 @@ class NotebookSettings:
     work: dict = field(default_factory=lambda: {"eval_examples": 16})
     sweep_preset: str = "sweep-cpu"  # notebook 05's runs (the same stage 1 as ``preset``, so its cache is shared)
     sweep_work: dict = field(default_factory=lambda: {"eval_examples": 16, "compress": {"calibration_batches": 8}})
-    sweep_targets: tuple[float, ...] = (0.6, 0.4)  # notebook 05: target sizes (bsi sweep runs the full grid)
-    sweep_methods: tuple[str, ...] = ("svd", "svd-llm", "basel", "bsi")  # notebook 05: methods compared
-    text_preset: str = "text"  # notebook 06's run: WikiText-2 (the text preset's own fine-tune, cached)
-    text_work: dict = field(default_factory=lambda: {"eval_windows": 64, "recover": {"steps": 16},
-                                                     "compress": {"calibration_batches": 8, "iters_per_epoch": 24}})
+    #: notebook 05: one size and two methods (the shipped data/sweeps/study-quick carries the full comparison)
+    sweep_targets: tuple[float, ...] = (0.4,)
+    sweep_methods: tuple[str, ...] = ("svd-llm", "bsi")
+    text_preset: str = "text"  # notebook 06's run: WikiText-2, the text preset's settings with text_work's less work
+    #: notebook 06: a shorter run than the preset's (its own shorter fine-tune too), so that it takes about 5 minutes
+    text_work: dict = field(default_factory=lambda: {"eval_windows": 64, "finetune": {"steps": 16},
+                                                     "recover": {"steps": 8, "warmup_steps": 1},
+                                                     "compress": {"calibration_batches": 4, "iters_per_epoch": 12}})
     chat_prompts: tuple[str, ...] = (
         "Tom has 12 apples and buys 7 more. How many apples does he have now?",
         "A book costs 8 dollars. How much do 3 books cost?",
@@ -114,6 +124,7 @@ class NotebookSettings:
 
 TINY_SETTINGS = NotebookSettings(
     model=TINY_MODEL, quick=True, batch_size=4, max_length=96, test_size=8, calibration_batches=2,
+    tail_windows=2, tail_window=64,
     exact_positions=8, probes=16, profile_batches=2, profile_batch_size=4, ranking_singles=4, spectrum_k=8, spectrum_layers=2,
     preset="smoke", work={"eval_examples": 4}, sweep_preset="smoke", sweep_work={"eval_examples": 4},
     sweep_targets=(0.7, 0.5), text_preset="smoke", text_work={"data": "wikitext-2", "window": 64, "eval_windows": 16},
@@ -335,7 +346,47 @@ def _rst_table(lines: list[str]) -> list[str]:
     return out
 
 
-def doc_markdown(obj: Any, title: bool = True) -> str:
+def _source_path(obj: Any) -> str:
+    """The file that defines ``obj``, relative to the repository's root (``bsi/method/layers.py``)."""
+    target = inspect.unwrap(obj)
+    if isinstance(target, property):
+        target = target.fget
+    try:
+        path = inspect.getsourcefile(target if inspect.ismodule(target) or inspect.isclass(target)
+                                     or inspect.isroutine(target) else type(target))
+    except TypeError:
+        path = None
+    if path is None:
+        raise BSIError(f"cannot tell which file defines {getattr(obj, '__qualname__', obj)!r}")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder that holds bsi/
+    return os.path.relpath(path, root).replace(os.sep, "/")
+
+
+def _first_paragraphs(body: str, count: int, obj: Any, root: str) -> str:
+    """The first ``count`` paragraphs of Markdown ``body`` (fenced code counts as one), then a link to the rest.
+
+    Nothing is cut (and no link added) when ``body`` has no more paragraphs than that.
+    """
+    blocks: list[list[str]] = [[]]
+    fenced = False
+    for line in body.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if not line.strip() and not fenced:
+            if blocks[-1]:
+                blocks.append([])
+            continue
+        blocks[-1].append(line)
+    blocks = [b for b in blocks if b]
+    if len(blocks) <= count:
+        return body
+    path = _source_path(obj)
+    name = obj.__name__ if inspect.ismodule(obj) else getattr(obj, "__qualname__", getattr(obj, "__name__", str(obj)))
+    kept = "\n\n".join("\n".join(b) for b in blocks[:count])
+    return f"{kept}\n\n*The rest of `{name}`'s docstring: [`{path}`]({root}{path}).*"
+
+
+def doc_markdown(obj: Any, title: bool = True, paragraphs: int | None = None, root: str = "../") -> str:
     """``obj``'s docstring as Markdown: a bold signature line, then the text with code kept verbatim.
 
     What reStructuredText the library's docstrings use becomes Markdown:
@@ -347,8 +398,19 @@ def doc_markdown(obj: Any, title: bool = True) -> str:
       ``:data:`` and their kin) become code, a leading ``~`` keeping the last
       name only; double back-quotes become single ones.
 
-    ``title=False`` leaves out the signature line.
+    ``title=False`` leaves out the signature line. ``paragraphs=n`` quotes
+    the first ``n`` paragraphs only (a code block or a table counts as one)
+    and ends with a link to the file that holds the rest, written from
+    ``root``, the repository's root as seen from where the Markdown is read
+    (``../`` from ``notebooks/``; the rendered copies rewrite it for their
+    own folder)::
+
+        doc_markdown(bsi.method.layers, paragraphs=1)
+        # **`bsi.method.layers`** / its first paragraph /
+        # *The rest of `bsi.method.layers`'s docstring: [`bsi/method/layers.py`](../bsi/method/layers.py).*
     """
+    if paragraphs is not None and paragraphs < 1:
+        raise BSIError(f"paragraphs must be at least 1 (or None for the whole docstring), not {paragraphs}")
     doc = inspect.getdoc(obj)
     if not doc:
         raise BSIError(f"{getattr(obj, '__qualname__', obj)!r} has no docstring")
@@ -390,6 +452,8 @@ def doc_markdown(obj: Any, title: bool = True) -> str:
         out.append(_inline(line))
         n += 1
     body = "\n".join(out).strip()
+    if paragraphs is not None:
+        body = _first_paragraphs(body, paragraphs, obj, root)
     if not title:
         return body
     if inspect.ismodule(obj):

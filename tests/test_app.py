@@ -371,7 +371,7 @@ def test_spectrum_of_the_last_run_leaves_the_model_as_it_was(finished):
     assert {name: type(module) for name, module in session.original.model.named_modules()} == before
     assert layer.name in spectra.spectrum_text(result)
     fig = figures.spectrum_figure(result)
-    assert fig.layout.xaxis.type == "log" and len(fig.data) == 3  # |lambda_k|, relative, envelope
+    assert fig.layout.xaxis.type == "log" and len(fig.data) == 6  # 2 line styles' key; |lambda_k|, relative, envelope, fit
 
 
 def test_calculator_is_the_theory_modules_bound():

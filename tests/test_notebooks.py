@@ -71,13 +71,14 @@ def _check_curvature(o: dict) -> None:
 
 
 def _check_comparison(o: dict) -> None:
-    rows = o["rows"]
-    assert rows[0]["method"] == "dense" and len({r["method"] for r in rows}) >= 4
-    assert len(rows) == 1 + 4 * 2  # the dense model, then four methods at two sizes from one run each
+    rows, (methods, sizes) = o["rows"], o["grid"]
+    assert rows[0]["method"] == "dense" and len({r["method"] for r in rows}) == 1 + methods and methods >= 2
+    assert len(rows) == 1 + methods * sizes  # the dense model, then every method at every size, one run each
     for row in rows[1:]:  # every method compressed to the asked size, and still computes a finite loss
         assert abs(row["compressible_ratio"] - row["target"]) < 0.02 and math.isfinite(row["loss"])
     assert o["intervals"] and all(low <= mid <= high for low, mid, high in o["intervals"])
     assert set(o["answers"].values()) == {3}  # every model's answers to the same three questions
+    assert o["marked"] and all(isinstance(c, bool) for c in o["marked"])  # each answer marked right or wrong
 
 
 def _check_text(o: dict) -> None:
@@ -133,11 +134,13 @@ def solutions(nb) -> list[str]:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_ends_with_a_recap_exercises_and_further_reading(path):
+def test_notebook_ends_with_what_the_data_say_a_recap_exercises_and_further_reading(path):
     nb = nbformat.read(path, as_version=4)
     markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     headings = re.findall(r"^## (.+)$", markdown, re.M)
-    assert headings[-3:] == ["Recap", "What to try", "Further reading"]
+    # every walkthrough interprets its own results in "What the data say", just before or just after its recap
+    assert headings[-4:] in (["What the data say", "Recap", "What to try", "Further reading"],
+                             ["Recap", "What the data say", "What to try", "Further reading"])
     assert len(solutions(nb)) >= 3 and markdown.count("<details>") == markdown.count("</details>") == len(solutions(nb))
     assert markdown.count("What you should see") >= len(solutions(nb))  # each solution says what to look for
     reading = markdown.split("## Further reading")[1]

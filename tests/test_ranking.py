@@ -68,20 +68,27 @@ def test_the_measured_bsi_cut_is_the_cut_the_engine_makes():
     results = []
 
     def hook(compressor, scores, pruned):
-        result = measure_round(compressor.layers, scores, compressor.select, pruned,
-                               lambda: held_out_loss(compressor.model),
+        calls = []
+
+        def loss():
+            calls.append(held_out_loss(compressor.model))
+            return calls[-1]
+
+        result = measure_round(compressor.layers, scores, compressor.select, pruned, loss,
                                probe_layers=list(compressor.layers)[:1], singles=4, shares=(0.5,))
         cut = copy.deepcopy(compressor.model)
         for name, layer in basis_layers(cut).items():
             keep = torch.tensor([i for i in range(layer.rank) if i not in set(pruned[name].tolist())], dtype=torch.long)
             layer.keep(keep)
-        results.append((result, held_out_loss(cut), held_out_loss(compressor.model)))
+        results.append((result, held_out_loss(cut), held_out_loss(compressor.model), calls))
 
     config = CompressConfig(size=SizeRule.target(0.4), rounds=2, iters_per_epoch=8, sampling_ratio=0.5, aux_rank=1,
                             curvature="hutchinson")
     run(config, hook)
     assert len(results) == 2
-    for result, physical, untouched in results:
+    for result, physical, untouched, calls in results:
+        # the documented order of the loss calls: the model as it is first, the cuts last, in the order of "cuts"
+        assert calls[0] == result["loss"] and calls[-len(result["cuts"]):] == [c["loss"] for c in result["cuts"].values()]
         assert result["cuts"]["bsi"]["loss"] == pytest.approx(physical, rel=1e-5)
         assert result["loss"] == pytest.approx(untouched, rel=1e-6)  # every measurement was undone
         removed_counts = {k: v["removed"] for k, v in result["cuts"].items()}

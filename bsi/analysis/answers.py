@@ -228,14 +228,15 @@ class SweepAnswers:
     Args:
         folder: a ``bsi sweep --out`` folder (or a shipped copy of one).
         protocol: the engine methods' protocol shown (the truncation methods
-            and the dense rows belong to every protocol).
+            and the dense rows belong to every protocol); default ``tuned``,
+            or the one protocol a sweep that ran no ``tuned`` rows ran.
 
     Raises:
         BSIError: no ``results.jsonl``; no outcome files; outcome files with
             no answers (a text sweep, or one made before answers were kept).
     """
 
-    def __init__(self, folder: str | Path, protocol: str = "tuned") -> None:
+    def __init__(self, folder: str | Path, protocol: str | None = None) -> None:
         self.folder = Path(folder).expanduser()
         path = self.folder / "results.jsonl"
         if not path.is_file():
@@ -244,6 +245,8 @@ class SweepAnswers:
             raise BSIError(f"'{folder}' holds no sweep results (no results.jsonl): {what}")
         rows = read_study_rows(path)
         protocols = sorted({r.protocol for r in rows if r.protocol not in (None, SWEEP_REFERENCE, "published")})
+        if protocol is None:  # a sweep of one protocol only (e.g. `--protocols paper`) opens on it
+            protocol = protocols[0] if len(protocols) == 1 else "tuned"
         if protocols and protocol not in protocols:
             raise BSIError(f"'{folder}' holds no {protocol} rows: use --protocol {' or '.join(protocols)}")
         self.protocol = protocol
@@ -376,7 +379,7 @@ class SweepAnswers:
         return {"answered": self.problem_count(seed), "right": right, "wins": len(wins)}
 
 
-def read_sweep_answers(folder: str | Path, protocol: str = "tuned") -> SweepAnswers:
+def read_sweep_answers(folder: str | Path, protocol: str | None = None) -> SweepAnswers:
     """The answers of the sweep in ``folder`` (see :class:`SweepAnswers`)."""
     return SweepAnswers(folder, protocol)
 

@@ -164,19 +164,30 @@ def basis_figure(rows: Sequence[dict]) -> go.Figure:
 
 # ------------------------------------------------------------------ spectra
 def spectrum_figure(result: Any = None) -> go.Figure:
-    """Log-log plots of ``|lambda_k|`` against ``k``: raw (left) and divided by ``|lambda_1|`` with envelopes (right).
+    """Log-log plots of ``|lambda_k|`` against ``k``: raw (left) and divided by ``|lambda_1|`` (right).
 
     ``result`` is a :class:`~bsi.analysis.spectrum.SpectrumResult`. Filled
-    markers are positive eigenvalues, open markers negative ones; the dashed
-    line on the right is each layer's envelope ``k^-alpha`` with its fitted
-    alpha (the assumption of the method's variance bound needs alpha > 1/2).
+    markers are positive eigenvalues, open markers negative ones. The right
+    panel draws two power laws per layer, each named once:
+
+    * the **envelope** (dashed), ``|lambda_1| k^-a_env`` with ``a_env = fit.alpha_envelope``:
+      the steepest power law anchored at ``lambda_1`` that lies above every
+      eigenvalue, the form the method's variance bound assumes (it needs
+      ``a > 1/2``); it touches the data where the bound is tight;
+    * the **least-squares fit** (dotted), ``c k^-a_fit`` (``fit.alpha``, ``c = exp(fit.log_c)``): a line through the
+      middle of the points, which says how fast the bulk decays but bounds
+      nothing.
     """
     if result is None or not result.layers:
         return empty_figure("Hessian spectrum", "no spectrum yet: choose a layer and press Compute")
     from plotly.colors import qualitative
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("|eigenvalue| by rank",
-                                                        "relative to |lambda_1|, with envelope k^-alpha"))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
+                        subplot_titles=("|lambda_k|", "|lambda_k| / |lambda_1|, with two power laws"))
+    for name, dash in (("envelope |lambda_1| k^-a_env (above every point)", "dash"),
+                       ("least-squares fit c k^-a_fit (through the points)", "dot")):  # the line styles' key
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=name, hoverinfo="skip",
+                                 line=dict(dash=dash, width=1.5, color="#444")), row=1, col=2)
     kinds = sorted({s.kind for s in result.layers})
     palette = {kind: qualitative.Plotly[i % len(qualitative.Plotly)] for i, kind in enumerate(kinds)}
     for s in result.layers:
@@ -185,24 +196,38 @@ def spectrum_figure(result: Any = None) -> go.Figure:
         magnitudes = [abs(v) for _, v in points]
         symbols = ["circle" if v > 0 else "circle-open" for _, v in points]
         color = palette[s.kind]
-        label = f"{s.name} (alpha {s.fit.alpha:.2f})"
+        block = layer_block(s.name)
+        short = s.name if block is None else f"{block}.{s.kind}"
+        label = f"{short}: a_env {s.fit.alpha_envelope:.2f}, a_fit {s.fit.alpha:.2f}"
         common = dict(mode="markers+lines", line=dict(width=1, color=color), legendgroup=s.name,
                       marker=dict(symbol=symbols, size=5, color=color), hovertemplate="k = %{x}: %{y:.4g}")
         fig.add_trace(go.Scatter(x=ks, y=magnitudes, name=label, **common), row=1, col=1)
         fig.add_trace(go.Scatter(x=ks, y=[m / s.lambda_1 for m in magnitudes], name=label, showlegend=False,
                                  **common), row=1, col=2)
-        if math.isfinite(s.fit.alpha):
-            every = range(1, len(s.eigenvalues) + 1)
-            fig.add_trace(go.Scatter(x=list(every), y=[k ** -s.fit.alpha for k in every], mode="lines",
-                                     showlegend=False, legendgroup=s.name, hoverinfo="skip",
-                                     line=dict(dash="dash", width=1, color=color)), row=1, col=2)
-    fig.update_xaxes(type="log", title_text="k (rank by magnitude)")
+        every = list(range(1, len(s.eigenvalues) + 1))
+        if math.isfinite(s.fit.alpha_envelope):
+            fig.add_trace(go.Scatter(x=every, y=[k ** -s.fit.alpha_envelope for k in every], mode="lines",
+                                     name=f"envelope k^-{s.fit.alpha_envelope:.2f}", showlegend=False,
+                                     legendgroup=s.name, hovertemplate="envelope: %{y:.4g}<extra></extra>",
+                                     line=dict(dash="dash", width=1.5, color=color)), row=1, col=2)
+        if math.isfinite(s.fit.alpha) and math.isfinite(s.fit.log_c):
+            scale = math.exp(s.fit.log_c) / s.lambda_1  # the fit's constant c, relative to |lambda_1|
+            fig.add_trace(go.Scatter(x=every, y=[scale * k ** -s.fit.alpha for k in every], mode="lines",
+                                     name=f"fit {scale:.3g} k^-{s.fit.alpha:.2f}", showlegend=False,
+                                     legendgroup=s.name, hovertemplate="fit: %{y:.4g}<extra></extra>",
+                                     line=dict(dash="dot", width=1.5, color=color)), row=1, col=2)
+    top = max((len(s.eigenvalues) for s in result.layers), default=1)
+    ticks = [t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if t <= top]
+    fig.update_xaxes(type="log", title_text="k (rank by magnitude)", tickvals=ticks)
     fig.update_yaxes(type="log", exponentformat="power")
     fig.update_yaxes(title_text="|lambda_k|", row=1, col=1)
-    fig.update_yaxes(title_text="|lambda_k| / |lambda_1|", row=1, col=2)
+    fig.update_yaxes(title_text="relative to |lambda_1|", title_standoff=4, row=1, col=2)
+    fig.update_annotations(font_size=13)  # the subplot titles: short enough for their panels
     batches = f"{result.batches} batch" + ("es" if result.batches != 1 else "")
     fig.update_layout(title=f"Hessian spectra in sigma-space (top-{result.top_k} sigmas, {batches})",
-                      template="plotly_white", height=520, legend=dict(font=dict(size=10)))
+                      template="plotly_white", height=500 + 22 * ((len(result.layers) + 3) // 2),
+                      margin=dict(l=70, r=30, t=90, b=40),
+                      legend=dict(orientation="h", yanchor="top", y=-0.16, x=0, font=dict(size=11)))
     return fig
 
 
@@ -258,6 +283,8 @@ def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figu
     one the mean next-token loss; models evaluated before recovery (the
     sweep's ``also_unrecovered``) are dotted lines of the same colours.
     """
+    from bsi.config import is_engine_method
+
     chosen = [p for p in (protocols or list(stats.get("protocols", {})))
               if stats["protocols"].get(p, {}).get("methods") or stats["protocols"].get(p, {}).get("no_recovery")]
     if not chosen:
@@ -274,7 +301,8 @@ def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figu
                   for i, m in enumerate(dict.fromkeys([*block.get("methods", {}), *block.get("no_recovery", {})]))}
         for group, dash, suffix in (("methods", "solid", ""), ("no_recovery", "dot", " (no recovery)")):
             for method, cells in block.get(group, {}).items():
-                color, name = colors[method], method + suffix
+                # a truncation method runs as published under every protocol: its label says so
+                color, name = colors[method], method + ("" if is_engine_method(method) else " (published)") + suffix
                 points = sorted(cells.items(), key=lambda kv: -kv[1]["params_total"])
                 start = [("dense", dense)] if dense else []
                 for col, key, scale in ((1, first, first_scale), (2, "loss", 1.0)):
@@ -297,9 +325,9 @@ def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figu
             fig.update_yaxes(title_text="perplexity", type="log", row=r, col=1)
         else:
             fig.update_yaxes(title_text="accuracy (%)", rangemode="tozero", row=r, col=1)
-        fig.update_yaxes(title_text="loss", type="log", row=r, col=2)
+        fig.update_yaxes(title_text="loss", type="log", dtick="D2", row=r, col=2)  # 1, 2, 5 labels only
         for col in (1, 2):
-            fig.update_xaxes(title_text="whole model (M parameters, smaller to the right)", type="log",
+            fig.update_xaxes(title_text="M parameters, whole model (fewer →)", type="log", nticks=6, tickangle=0,
                              autorange="reversed", row=r, col=col)
     what = "Perplexity and mean next-token loss" if text else "Accuracy and loss"
     unit = "held-out windows" if text else "problems"
@@ -315,22 +343,28 @@ def ranking_figure(points: dict) -> go.Figure:
 
     ``points[name] = (predicted, measured, spearman)``: the ranking's value of
     each measured basis (low: removed first), the measured loss change, and
-    their rank correlation (in the panel's title).
+    their rank correlation (under the panel's name). Two panels a row, so
+    that each panel's title has room on a static image.
     """
     if not points:
         return empty_figure("Predicted against measured", "press Measure candidates")
     names = list(points)
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[f"{n} (Spearman {points[n][2]:+.2f})" for n in names])
-    for col, name in enumerate(names, start=1):
+    cols = min(2, len(names))
+    rows = math.ceil(len(names) / cols)
+    count = len(next(iter(points.values()))[1])
+    fig = make_subplots(rows=rows, cols=cols, horizontal_spacing=0.12, vertical_spacing=0.22 if rows > 1 else 0.1,
+                        subplot_titles=[f"{n}: Spearman {points[n][2]:+.2f}" for n in names])
+    for k, name in enumerate(names):
         predicted, measured, _ = points[name]
+        row, col = k // cols + 1, k % cols + 1
         fig.add_trace(go.Scatter(x=predicted, y=measured, mode="markers", name=name, showlegend=False,
-                                 marker=dict(color=METHOD_COLORS[(col - 1) % len(METHOD_COLORS)]),
+                                 marker=dict(color=METHOD_COLORS[k % len(METHOD_COLORS)], size=8),
                                  hovertemplate="predicted %{x:.4g}<br>measured %{y:.4g}<extra>" + name + "</extra>"),
-                      row=1, col=col)
-        fig.update_xaxes(title_text="predicted", row=1, col=col)
-    fig.update_yaxes(title_text="measured loss change", row=1, col=1)
-    fig.update_layout(title="Removing one basis at a time: what each ranking predicts against what happens",
-                      template="plotly_white", height=360, margin=dict(l=60, r=20, t=80, b=50))
+                      row=row, col=col)
+        fig.update_xaxes(title_text=f"{name}'s value (low: removed first)", row=row, col=col)
+        fig.update_yaxes(title_text="measured loss change", row=row, col=col)
+    fig.update_layout(title=f"Removing one basis at a time ({count} bases): each ranking against the measurement",
+                      template="plotly_white", height=300 * rows + 80, margin=dict(l=70, r=20, t=90, b=50))
     return fig
 
 

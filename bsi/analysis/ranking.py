@@ -113,7 +113,8 @@ def measure_round(layers: Mapping[str, BasisLinear], scores: Any, select: Callab
         select: ``select(scores, importance=..., rule=...)`` -> a cut of the round's size
             (:meth:`bsi.method.engine.Compressor.select`).
         pruned: the cut the run makes.
-        loss: the held-out loss of the model as it is (no gradient).
+        loss: the held-out loss of the model as it is (no gradient); called first for the model with every
+            basis and last once per cut, in the order of the result's ``cuts``.
         probe_layers: layers whose candidates are measured one by one and k at a time.
         singles: candidates measured one by one per probed layer, spread along the bsi ranking.
         shares: the k of "the k lowest", as shares of the layer's pool.

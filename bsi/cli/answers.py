@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sweep.add_argument("--size", type=number_in(0, 1, include_high=True), metavar="R",
                        help="the target ratio (share of the linear layers kept) compared at (default: none)")
     sweep.add_argument("--seed", type=whole_number(0), help="the seed's problems (default: the sweep's first seed)")
-    sweep.add_argument("--protocol", default="tuned", help="the engine methods' protocol shown")
+    sweep.add_argument("--protocol", help="the engine methods' protocol shown (default: tuned, or the sweep's only one)")
     p.add_argument("--width", type=whole_number(20), default=60, help="characters per answer column")
 
 

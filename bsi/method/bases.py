@@ -12,9 +12,11 @@ truncation keeping the first k bases gives:
   covariance of the layer's inputs ``X`` on task batches (a Cholesky factor),
   with ``S^{-1}`` folded back into ``V``: the smallest *output* error on those
   inputs, ``||X (W - W_k)^T||_F``, since ``||X D^T||_F^2 = N ||D S||_F^2`` for
-  any ``D``. In these bases ``sigma_i^2`` is exactly the mean squared change
-  of the layer's output when basis ``i`` is dropped. (This is the
-  truncation-aware whitening of SVD-LLM, Wang et al. 2024.)
+  any ``D``. In these bases ``sigma_i^2`` is the mean squared change of the
+  layer's output on those inputs when basis ``i`` is dropped: exactly at zero
+  damping, a slight overestimate with the damping of :func:`whitening_factor`,
+  and an estimate on any other inputs. (This is the truncation-aware whitening
+  of SVD-LLM, Wang et al. 2024.)
 * :func:`weighted_svd`: the SVD of ``diag(d) W diag(s)`` with the weights
   folded back out, for the FWSVD and ASVD baselines.
 

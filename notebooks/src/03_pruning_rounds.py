@@ -5,19 +5,21 @@
 #
 # Notebooks 01 and 02 took one layer apart. Here the engine runs for real on the
 # whole model: the three-stage pipeline (task fine-tune, compress, recover),
-# driven stage by stage from this notebook with the library's `demo` preset
-# (only with fewer test questions, so that it runs in a few minutes on a CPU).
-# We watch
+# driven stage by stage from this notebook with one of the library's presets
+# (with less work, so that it runs in a few minutes on a CPU). We watch
 #
 # * the parameter budget of each round, and what each cut costs on a fixed batch;
 # * each layer's rank, round by round, and which layers lose the most;
 # * the loss and the task accuracy along the way, and the recovery of the factors;
-# * any round and any layer in detail, with widgets;
+# * any round and any layer in detail, and the paper's KeepRatio rule on a real
+#   layer, with widgets;
 # * and finally the model's answers in a chat, before and after.
 #
-# The pruning stage, in the words of its configuration's docstring:
+# The pruning stage and its size rule, in the words of their docstrings (the
+# schedule's formulas are in the rest of the first, linked below it):
 
 # %%
+import json
 import time
 
 import ipywidgets as widgets
@@ -29,17 +31,35 @@ from plotly.subplots import make_subplots
 from transformers.utils import logging as hf_logging
 
 from bsi.analysis.spectrum import layer_kind
+from bsi.analysis.stats import Outcomes, paired_difference, value_interval
 from bsi.chat import ChatSession
-from bsi.config import PRESETS, CompressConfig, RecoverConfig, SizeRule
-from bsi.method.layers import factor_cost
+from bsi.data import extract_answer
+from bsi.config import CompressConfig, RecoverConfig, SizeRule
+from bsi.method.layers import break_even_rank, factor_cost
 from bsi.method.schedule import gradual_budgets
+from bsi.method.scores import candidate_pool, get_score, mass_rule_keep_count, pool_rho, select_pruned
 from bsi.method.surgery import compressible_parameters, model_parameters
 from bsi.pipeline.runner import Pipeline
 from bsi.reports import EvalReport, RoundReport, StageReport, StepReport
+from bsi.shipped import shipped_run
 from bsi.teaching import block_index, doc_markdown, notebook_settings, rank_history, rank_table
 
-display(Markdown(doc_markdown(CompressConfig)))
-display(Markdown(doc_markdown(SizeRule)))  # its `size`: one rule, one ratio
+display(Markdown(doc_markdown(CompressConfig, title=False, paragraphs=1)))
+display(Markdown(doc_markdown(SizeRule, title=False, paragraphs=2)))
+
+
+def markdown_table(rows: list[dict]) -> Markdown:
+    """A list of dicts (values already formatted as text) as a Markdown table."""
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
+    return Markdown("\n".join(lines))
+
+
+def short(name: str) -> str:
+    """model.layers.3.mlp.up_proj -> 3.mlp.up_proj"""
+    return name.removeprefix("model.layers.")
+
 
 # %% [markdown]
 # ## 1. Settings, model and stage 1 (task fine-tuning)
@@ -47,9 +67,9 @@ display(Markdown(doc_markdown(SizeRule)))  # its `size`: one rule, one ratio
 # The configuration is the preset with less work on top. Stage 1 fine-tunes the
 # dense model on the task (embedded word problems in GSM8K's format); its result
 # is cached under `~/.cache/bsi` by a hash of its settings, so a second run of this
-# notebook (or of notebook 05, or of `bsi compress --preset default`) skips it.
-# `Pipeline.reference_stage()` loads, fine-tunes and evaluates the dense model:
-# what the compressed model is compared with.
+# notebook (or of notebooks 02 and 05, or of `bsi compress --preset default`)
+# skips it. `Pipeline.reference_stage()` loads, fine-tunes and evaluates the
+# dense model: what the compressed model is compared with.
 
 # %%
 hf_logging.disable_progress_bar()  # no loading bars between the results
@@ -58,10 +78,21 @@ start = time.perf_counter()
 torch.manual_seed(0)
 config = settings.pipeline_config()
 c = config.compress
-print(f"preset '{settings.preset}' = {PRESETS[settings.preset]}\nwith less work: {settings.work}")
-print(f"model {config.model}; size mode {c.size.mode}: compressible layers to {c.size.ratio:.0%} of their size in "
-      f"T={c.rounds} rounds of {c.round_length} iterations ({c.round_length - c.profiling_iters} tuning + "
-      f"{c.profiling_iters} profiling); bases {c.bases}, score {c.score}, curvature {c.curvature}")
+
+
+def flat(d: dict, prefix: str = "") -> list[str]:
+    """{'compress': {'rounds': 4}} -> ['`compress.rounds` 4']"""
+    return [x for k, v in d.items()
+            for x in (flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"`{prefix}{k}` {v}"])]
+
+
+display(Markdown(
+    f"Preset `{settings.preset}`, with less work: {', '.join(flat(settings.work))}. "
+    f"Model `{config.model}`; size mode `{c.size.mode}`: the compressible layers to {c.size.ratio:.0%} of their dense "
+    f"size in T = {c.rounds} rounds of {c.round_length} iterations ({c.round_length - c.profiling_iters} tuning + "
+    f"{c.profiling_iters} profiling); bases `{c.bases}`, score `{c.score}` (with `gradient_z` {c.gradient_z:g}), "
+    f"curvature `{c.curvature}`; recovery {config.recover.steps} steps; {config.eval_examples} test problems "
+    "answered at each evaluation."))
 pipeline = Pipeline(config)  # no out_dir: everything stays in memory
 history, finetune_losses = [], []
 
@@ -77,12 +108,15 @@ for report in pipeline.reference_stage():
     if isinstance(report, StepReport):
         finetune_losses.append(report.loss)
     elif isinstance(report, EvalReport):
-        print(record(report))
-    elif report.stage == "finetune" and report.event == "end":
-        print(f"stage 1: {'from cache ' if report.cached else ''}{report.detail}")
+        reference = record(report)
+    elif report.stage == "finetune" and report.event == "end" and report.cached:
+        print("stage 1: the fine-tuned model comes from the cache")
 model, tokenizer = pipeline.model, pipeline.tokenizer
 if finetune_losses:
-    print(f"fine-tuned for {len(finetune_losses)} steps: loss {finetune_losses[0]:.3f} -> {finetune_losses[-1]:.3f}")
+    print(f"stage 1: fine-tuned for {len(finetune_losses)} steps, training loss "
+          f"{finetune_losses[0]:.3f} -> {finetune_losses[-1]:.3f}")
+print(f"the dense fine-tuned model: accuracy {reference['accuracy']:.0%} on {config.eval_examples} test problems, "
+      f"test loss {reference['loss']:.3f}, {reference['params']:,} parameters")
 
 # %% [markdown]
 # ## 2. Before compression: a chat
@@ -105,21 +139,40 @@ for q, a in zip(settings.chat_prompts, answers_before):
 # %% [markdown]
 # ## 3. The budgets
 #
-# In size mode `target` each round has a parameter budget. A layer saves nothing
-# until it has lost about half its bases (notebook 01's break-even rank), so the
-# rounds budget *factor* parameters, shrinking evenly from the full-rank factors,
-# and only the last round budgets the stored size itself:
-
-# %%
-display(Markdown(doc_markdown(gradual_budgets)))
+# A layer stores less than its dense matrix only once it keeps fewer bases than
+# its *break-even rank* (notebook 01): its factors cost `(r + a)(in + out)`
+# parameters against `in * out` dense, so it breaks even at
+# `r = in * out / (in + out) - a`, with `a` the auxiliary vectors. For this
+# model, kind by kind:
 
 # %%
 _, dense = compressible_parameters(model)
+shapes = pd.DataFrame(rank_table(model))
+by_kind_shape = shapes.groupby("kind").agg(inp=("in", "first"), out=("out", "first"), full=("full_rank", "first"),
+                                           params=("dense_params", "sum"))
+break_even = {kind: break_even_rank(r.inp, r.out, c.aux_rank) / r.full for kind, r in by_kind_shape.iterrows()}
+display(markdown_table([{"kind": kind, "shape (in x out)": f"{r.inp} x {r.out}", "full rank": r.full,
+                         "break-even rank": f"{break_even[kind] * r.full:.0f}",
+                         "share of full rank": f"{break_even[kind]:.0%}",
+                         "share of the compressible parameters": f"{r.params / dense:.0%}"}
+                        for kind, r in by_kind_shape.iterrows()]))
+high = [k for k, share in break_even.items() if share > 0.6]
+display(Markdown(
+    f"So a layer saves nothing until it has lost {1 - max(break_even.values()):.0%} to "
+    f"{1 - min(break_even.values()):.0%} of its bases: the {', '.join(f'`{k}`' for k in high)} layers, "
+    f"{by_kind_shape.loc[high, 'params'].sum() / dense:.0%} of the compressible parameters, break even at about "
+    f"{sum(break_even[k] for k in high) / len(high):.0%} of their rank, the square ones at about "
+    f"{min(break_even.values()):.0%}. The rounds therefore budget *factor* parameters, shrinking evenly from the "
+    "full-rank factors, and only the last round budgets the stored size itself:"))
+
+# %%
+display(Markdown(doc_markdown(gradual_budgets, title=False, paragraphs=2)))
+
+# %%
 full_factors = sum(factor_cost(r["in"], r["out"], r["full_rank"], c.aux_rank) for r in rank_table(model))
 budgets = gradual_budgets(full_factors, round(c.size.ratio * dense), c.rounds)
-pd.DataFrame([{"after round": t, "budget": b, "measured as": m, "of the dense layers": b / dense}
-              for t, (b, m) in enumerate(budgets, start=1)]).style.format(
-    {"budget": "{:,}", "of the dense layers": "{:.0%}"})
+display(markdown_table([{"after round": t, "budget (parameters)": f"{b:,}", "measured as": m,
+                         "of the dense layers": f"{b / dense:.0%}"} for t, (b, m) in enumerate(budgets, start=1)]))
 
 # %% [markdown]
 # ## 4. Stage 2: the pruning rounds
@@ -143,34 +196,36 @@ for report in pipeline.compress():
     elif isinstance(report, RoundReport):
         rounds.append(report)
         active = sum(layer.rank_before for layer in report.layers)
-        evaluation = record(next(r for r in pipeline.evaluate_stage(f"round {report.round}")
-                                 if isinstance(r, EvalReport)))
+        evaluation = record(next(r for r in list(pipeline.evaluate_stage(f"round {report.round}"))
+                                 if isinstance(r, EvalReport)))  # list(): run the stage to its end
         print(f"round {report.round}/{report.total_rounds}: removed {report.removed:,} of {active:,} bases, "
               f"compressible layers at {report.compressible_ratio:.1%}; loss on the fixed batch "
               f"{report.loss_before:.3f} -> {report.loss_after:.3f} at the cut; accuracy {evaluation['accuracy']:.0%}; "
               f"{report.elapsed:.0f} s")
 
 # %% [markdown]
-# The bars show what each cut cost on the same fixed batch (`loss_before` ->
+# Left, the training loss of every iteration (each on its own batch of
+# problems, so it jumps from batch to batch); the dotted lines mark the cuts. Right, what each cut cost on the same fixed batch (`loss_before` ->
 # `loss_after`). Between two cuts the tuning steps of the next round adapt sigma
 # and the auxiliary vectors to the bases that are left: compare a round's
-# "before" with the previous round's "after" to see what they won back. This is
-# why the method prunes gradually rather than all at once.
+# "before" with the previous round's "after" to see what they won back.
 
 # %%
-fig = make_subplots(rows=1, cols=2, subplot_titles=("loss per iteration", "loss on the fixed batch at each cut"))
+fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                    subplot_titles=("training loss, each iteration", "fixed batch, before and after each cut"))
 for stage, color in (("train", "#1f77b4"), ("profile", "#ff7f0e")):
     chosen = [s for s in steps if s.stage == stage]
     fig.add_trace(go.Scatter(x=[s.step for s in chosen], y=[s.loss for s in chosen], mode="markers",
-                             marker={"color": color, "size": 5}, name=f"{stage} step"), row=1, col=1)
+                             marker={"color": color, "size": 6}, name=f"{stage} step"), row=1, col=1)
 for r in rounds:
     fig.add_vline(x=r.round * c.round_length + 0.5, line_dash="dot", line_width=1, row=1, col=1)
-fig.add_trace(go.Bar(x=[f"round {r.round}" for r in rounds], y=[r.loss_before for r in rounds], name="before the cut"),
-              row=1, col=2)
-fig.add_trace(go.Bar(x=[f"round {r.round}" for r in rounds], y=[r.loss_after for r in rounds], name="after the cut"),
-              row=1, col=2)
+fig.add_trace(go.Bar(x=[f"round {r.round}" for r in rounds], y=[r.loss_before for r in rounds], name="before the cut",
+                     marker_color="#2ca02c"), row=1, col=2)
+fig.add_trace(go.Bar(x=[f"round {r.round}" for r in rounds], y=[r.loss_after for r in rounds], name="after the cut",
+                     marker_color="#d62728"), row=1, col=2)
 fig.update_xaxes(title="iteration", row=1, col=1)
-fig.update_layout(height=380)
+fig.update_yaxes(title="answer-token loss", row=1, col=1)
+fig.update_layout(height=420, template="plotly_white", legend={"orientation": "h", "yanchor": "top", "y": -0.2, "x": 0})
 fig.show()
 
 # %% [markdown]
@@ -181,63 +236,154 @@ fig.show()
 # is smaller) and trains those factors, the dense layers and the norms:
 
 # %%
-display(Markdown(doc_markdown(RecoverConfig)))
+display(Markdown(doc_markdown(RecoverConfig, title=False, paragraphs=2)))
 
 # %%
 recover_losses = [r.loss for r in pipeline.recover_stage() if isinstance(r, StepReport)]
-record(next(r for r in pipeline.evaluate_stage("recovered") if isinstance(r, EvalReport)))
+record(next(r for r in list(pipeline.evaluate_stage("recovered")) if isinstance(r, EvalReport)))
 exported = pd.DataFrame(rank_table(model))
 print(f"recovery ({config.recover.train}): {len(recover_losses)} steps"
-      + (f", loss {recover_losses[0]:.3f} -> {recover_losses[-1]:.3f}" if recover_losses else ""))
-print(exported.groupby("type")["params"].agg(["count", "sum"]).to_string())
-record_table = pd.DataFrame(history)
-record_table.style.format({"accuracy": "{:.0%}", "loss": "{:.3f}", "params": "{:,}", "compressible share": "{:.1%}"})
+      + (f", training loss {recover_losses[0]:.3f} -> {recover_losses[-1]:.3f} (one batch each)" if recover_losses else ""))
+kinds_exported = exported.groupby("type")["params"].agg(["count", "sum"])
+print("exported: " + "; ".join(f"{int(r['count'])} layers as {t} ({int(r['sum']):,} parameters)"
+                               for t, r in kinds_exported.iterrows()))
+display(markdown_table([{"when": h["when"], "accuracy": f"{h['accuracy']:.0%}", "test loss": f"{h['loss']:.4f}",
+                         "parameters": f"{h['params']:,}", "compressible share": f"{h['compressible share']:.1%}"}
+                        for h in history]))
+
+# %% [markdown]
+# The same record as a figure, each point with its 95% interval: a bootstrap
+# over the test problems (`bsi.analysis.stats.value_interval`), which says how
+# much of the movement the small test set alone could produce.
 
 # %%
-fig = make_subplots(specs=[[{"secondary_y": True}]])
-fig.add_trace(go.Scatter(x=record_table["when"], y=record_table["accuracy"], name="accuracy", mode="lines+markers"))
-fig.add_trace(go.Scatter(x=record_table["when"], y=record_table["loss"], name="test loss", mode="lines+markers"),
-              secondary_y=True)
-fig.update_yaxes(title="accuracy")
-fig.update_yaxes(title="answer-token loss", secondary_y=True)
-fig.update_layout(height=360, title="Accuracy and loss along the pipeline")
+def outcomes(when: str) -> Outcomes:
+    """The per-problem outcomes of one evaluation, as the statistics module takes them."""
+    return Outcomes.from_columns(pipeline.evaluations[when].columns())
+
+
+whens = [h["when"] for h in history]
+bands = {stat: [value_interval([outcomes(w)], stat) for w in whens] for stat in ("accuracy", "loss")}
+fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                    subplot_titles=(f"accuracy on {config.eval_examples} problems", "test loss (answer tokens)"))
+for col, stat, scale in ((1, "accuracy", 100), (2, "loss", 1)):
+    values = bands[stat]
+    fig.add_trace(go.Scatter(
+        x=whens, y=[v.estimate * scale for v in values], mode="lines+markers", showlegend=False,
+        error_y={"type": "data", "symmetric": False, "array": [(v.high - v.estimate) * scale for v in values],
+                 "arrayminus": [(v.estimate - v.low) * scale for v in values]}), row=1, col=col)
+fig.update_yaxes(title="accuracy (%)", range=[0, 100], row=1, col=1)
+fig.update_yaxes(title="loss", rangemode="tozero", row=1, col=2)
+fig.update_layout(height=400, template="plotly_white", title="Along the pipeline, with 95% intervals")
 fig.show()
+
+# %% [markdown]
+# ### What recovery did here, and what it does with a real budget
+#
+# Computed from this run's per-problem outcomes (paired: the same problems
+# before and after recovery) and from the shipped run `data/runs/default`,
+# which gave recovery, and a copy of the dense model, the same larger budget:
+
+# %%
+last = f"round {len(rounds)}"
+pruned_o, recovered_o = outcomes(last), outcomes("recovered")
+n = len(pruned_o)
+lost = [i for i, (a, b) in enumerate(zip(pruned_o.correct, recovered_o.correct)) if a and not b]
+won = [i for i, (a, b) in enumerate(zip(pruned_o.correct, recovered_o.correct)) if b and not a]
+accuracy_change = paired_difference([recovered_o], [pruned_o], "accuracy")
+loss_change = paired_difference([recovered_o], [pruned_o], "loss")
+moves = sorted(((b - a) / sum(recovered_o.tokens), i)
+               for i, (a, b) in enumerate(zip(pruned_o.loss_sum, recovered_o.loss_sum)))  # each problem's share
+top = sorted(moves, key=lambda m: -abs(m[0]))[:2]
+
+
+def interval(iv, scale: float = 100, unit: str = " points", digits: int = 0) -> str:
+    """A difference with its 95% interval, and whether the data support it (an Interval or its dict)."""
+    iv = iv if isinstance(iv, dict) else iv.to_dict()
+    return (f"{iv['estimate'] * scale:+.{digits}f}{unit}, 95% interval [{iv['low'] * scale:+.{digits}f}, "
+            f"{iv['high'] * scale:+.{digits}f}]: " + ("the data support a change" if iv["excludes_zero"] else "within noise"))
+
+
+said = [
+    f"* **n = {n}.** One problem is {100 / n:.1f} points of accuracy. From the end of round {len(rounds)} to after "
+    f"recovery, {len(lost)} problem(s) went from right to wrong and {len(won)} from wrong to right: accuracy "
+    f"{pruned_o.accuracy():.0%} -> {recovered_o.accuracy():.0%}, a paired difference of "
+    f"{interval(accuracy_change)}.",
+    f"* **The loss is a mean over {sum(recovered_o.tokens)} answer tokens**, and a few problems carry it: the two "
+    f"largest per-problem moves account for {sum(m for m, _ in top):+.4f} of the change "
+    f"{pruned_o.loss():.4f} -> {recovered_o.loss():.4f} ({interval(loss_change, 1, '', 4)}).",
+    f"* **Why recovery can look worse on a few examples:** it trained {len(recover_losses)} steps on batches of "
+    f"{config.batch_size} problems at learning rate {config.recover.lr:g}, and its training loss jumped from batch to "
+    f"batch ({min(recover_losses, default=float('nan')):.3f} to {max(recover_losses, default=float('nan')):.3f}) "
+    "more than it moved. A nudge that small changes a few answers one way or the other, and which of so few "
+    "problems flip is chance: the paired intervals above measure exactly that.",
+]
+summary_path = shipped_run("default")
+if summary_path is not None:
+    shipped = json.loads((summary_path / "summary.json").read_text(encoding="utf-8"))
+    before, after, dense_rec = (shipped[k] for k in ("metrics_before", "metrics_after", "metrics_dense_recovered"))
+    vs_dense = shipped["paired"]["recovered - dense_recovered"]
+    said.append(
+        f"* **With a real budget** (`data/runs/default`: the `default` preset, {after['examples']} problems, "
+        f"{shipped['config']['recover']['steps']} recovery steps, compressible layers to "
+        f"{shipped['compressible_ratio']:.0%}): the fine-tuned dense model {before['accuracy']:.0%} / "
+        f"{before['loss']:.4f}; compressed and recovered {after['accuracy']:.0%} / {after['loss']:.4f}; the dense "
+        f"model given the same {shipped['config']['recover']['steps']} steps, the equal-budget reference, "
+        f"{dense_rec['accuracy']:.0%} / {dense_rec['loss']:.4f}. There recovery lifts the compressed model above "
+        "the dense fine-tune, and the dense model gains at least as much from the same training, so the gain is "
+        "the extra training, not the compression. Compressed minus "
+        f"equal-budget dense, accuracy {interval(vs_dense['accuracy'])}; loss {interval(vs_dense['loss'], 1, '', 4)}.")
+display(Markdown("\n".join(said)))
 
 # %% [markdown]
 # ## 6. Ranks, round by round
 #
 # Each row is a layer, each column the end of a round; colour is the share of its
 # full rank still active. One budget is shared by all layers, so layers shrink at
-# different speeds: the ones whose bases matter least to the task go first.
+# different speeds: the ones whose bases matter least to the task go first. What
+# to see: which rows darken first, and how unevenly the budget falls.
 
 # %%
 ranks = rank_history(rounds)  # name -> [r_0, r_1, ..., r_T]
 names = list(ranks)
 full = {n: ranks[n][0] for n in names}
 share = [[r / full[n] for r in ranks[n]] for n in names]
-labels = [f"{block_index(n)}.{layer_kind(n)}" if block_index(n) is not None else n for n in names]
+labels = [short(n) for n in names]
 fig = go.Figure(go.Heatmap(z=share, x=[f"after {t}" if t else "start" for t in range(len(rounds) + 1)], y=labels,
                            colorscale="Viridis", zmin=0, zmax=1, colorbar={"title": "rank / full"}))
-fig.update_layout(height=max(300, 9 * len(names)), title="Active bases per layer", yaxis_autorange="reversed")
+fig.update_layout(height=max(300, 9 * len(names)), title="Active bases per layer (rows: block.kind)",
+                  yaxis_autorange="reversed", margin={"l": 150})
 fig.show()
 
 # %% [markdown]
-# Which layers lose most? Averaged by kind of layer, and by depth:
+# Which layers lose most? Averaged by kind of layer (the black marks are each
+# kind's break-even share from section 3: a layer that keeps more than that is
+# stored dense after the export), and by depth:
 
 # %%
 final = pd.DataFrame({"layer": names, "kind": [layer_kind(n) for n in names],
                       "block": [block_index(n) for n in names],
                       "full rank": [full[n] for n in names], "rank": [ranks[n][-1] for n in names]})
 final["kept"] = final["rank"] / final["full rank"]
-fig = make_subplots(rows=1, cols=2, subplot_titles=("share of rank kept, by kind", "by block"))
+fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=("mean share of rank kept, by kind",
+                                                                             "share kept, by block"))
 by_kind = final.groupby("kind")["kept"].mean().sort_values()
-fig.add_trace(go.Bar(x=by_kind.index, y=by_kind.values, name="kind"), row=1, col=1)
+kind_label = {k: k.split(".")[-1] for k in by_kind.index}  # self_attn.q_proj -> q_proj
+fig.add_trace(go.Bar(x=[kind_label[k] for k in by_kind.index], y=by_kind.values, name="kept (mean)",
+                     marker_color="#9ecae1"), row=1, col=1)
+fig.add_trace(go.Scatter(x=[kind_label[k] for k in by_kind.index], y=[break_even.get(k) for k in by_kind.index],
+                         mode="markers", marker={"symbol": "line-ew-open", "size": 20, "color": "black",
+                                                 "line": {"width": 3}}, name="break-even share"), row=1, col=1)
 for kind, group in final.dropna(subset=["block"]).groupby("kind"):
-    fig.add_trace(go.Scatter(x=group["block"], y=group["kept"], mode="lines", name=kind), row=1, col=2)
+    fig.add_trace(go.Scatter(x=group["block"], y=group["kept"], mode="lines", name=kind_label[kind]), row=1, col=2)
 fig.update_yaxes(range=[0, 1.05])
-fig.update_layout(height=380)
+fig.update_xaxes(title="block", row=1, col=2)
+fig.update_layout(height=440, template="plotly_white", legend={"orientation": "h", "yanchor": "top", "y": -0.15, "x": 0})
 fig.show()
-final.sort_values("kept").head(10).style.format({"kept": "{:.0%}"})
+dense_after = (exported["type"] == "Linear").sum()
+print(f"{dense_after} of {len(exported)} layers kept more bases than their break-even rank and were exported dense")
+display(markdown_table([{"layer": short(r.layer), "full rank": r["full rank"], "rank kept": r["rank"],
+                         "share kept": f"{r.kept:.0%}"} for _, r in final.sort_values("kept").head(8).iterrows()]))
 
 # %% [markdown]
 # ## 7. Any round, any layer
@@ -245,8 +391,17 @@ final.sort_values("kept").head(10).style.format({"kept": "{:.0%}"})
 # Scrub through the rounds and pick a layer. Top: every active basis at the start
 # of that round, by its index in the original factorisation (0 = largest
 # coefficient), coloured as protected (outside the pool), kept from the pool, or
-# pruned. Bottom: the score's two terms for the pool (`LayerRound.terms`), the
-# gradient term against the curvature term; a basis' importance is their sum.
+# pruned. Bottom: the score's two ingredients for each pool basis: the
+# first-order term `-sigma_i g_i` as measured (x) and the curvature term
+# `sigma_i^2 h_i / 2` (y, log scale).
+#
+# Why the bottom plot looks as it does: near a fine-tuned minimum the mean
+# gradient `g_i` over a few profiling batches is mostly batch noise. The default
+# score therefore keeps a basis's first-order term only where its gradient
+# exceeds `gradient_z` standard errors (the per-example spread of the
+# gradient); everywhere else the term is set to zero and the importance is the
+# curvature term alone (`bsi.method.scores.significant_gradient`). Ringed
+# markers are the bases whose first-order term passed that test.
 # (Widgets need a live kernel: run the notebook, then move the slider.)
 
 # %%
@@ -259,11 +414,18 @@ info = widgets.HTML()
 bases = go.FigureWidget(
     [go.Scatter(mode="markers", name=n, marker={"size": 5, "color": color})
      for n, color in (("protected", "#999"), ("pool, kept", "#1f77b4"), ("pruned", "#d62728"))],
-    layout={"height": 300, "xaxis_title": "original basis index", "yaxis_title": "sigma_i", "margin": {"t": 30}})
+    layout={"height": 320, "xaxis_title": "original basis index", "yaxis_title": "|sigma_i|", "yaxis_type": "log",
+            "yaxis_exponentformat": "power", "showlegend": True, "margin": {"t": 40}, "template": "plotly_white",
+            "title": "the layer's bases at the cut"})
 term_plot = go.FigureWidget(
     [go.Scatter(mode="markers", name=n, marker={"size": 6, "color": color})
-     for n, color in (("pool, kept", "#1f77b4"), ("pruned", "#d62728"))],
-    layout={"height": 300, "xaxis_title": "gradient term", "yaxis_title": "curvature term", "margin": {"t": 30}})
+     for n, color in (("pool, kept", "#1f77b4"), ("pruned", "#d62728"))]
+    + [go.Scatter(mode="markers", name="first-order term kept (passed the test)",
+                  marker={"size": 13, "color": "rgba(0,0,0,0)", "line": {"width": 2, "color": "black"}})],
+    layout={"height": 340, "xaxis_title": "first-order term -sigma g, as measured",
+            "yaxis_title": "curvature term sigma^2 h / 2", "yaxis_type": "log", "yaxis_exponentformat": "power",
+            "xaxis_exponentformat": "e", "showlegend": True, "margin": {"t": 40}, "template": "plotly_white",
+            "title": "the pool's score terms"})
 
 
 def show_round(*_):
@@ -274,15 +436,19 @@ def show_round(*_):
     cut[lr.pruned] = True
     groups = (~pool, pool & ~cut, cut)
     zero = torch.zeros(lr.rank_before)
-    x, y = lr.terms.get("gradient", lr.importance), lr.terms.get("curvature", zero)
+    raw = -lr.sigma * lr.grad if lr.grad is not None else lr.terms.get("gradient", zero)  # (r,) before the test
+    curvature = lr.terms.get("curvature", zero)  # (r,)
+    passed = pool & (lr.terms.get("gradient", zero) != 0)  # (r,) first-order term kept by the score
     with bases.batch_update():
         for trace, mask in zip(bases.data, groups):
-            trace.x, trace.y = lr.basis_ids[mask].tolist(), lr.sigma[mask].tolist()
+            trace.x, trace.y = lr.basis_ids[mask].tolist(), lr.sigma[mask].abs().tolist()
     with term_plot.batch_update():
-        for trace, mask in zip(term_plot.data, groups[1:]):
-            trace.x, trace.y = x[mask].tolist(), y[mask].tolist()
+        for trace, mask in zip(term_plot.data, (*groups[1:], passed)):
+            trace.x, trace.y = raw[mask].tolist(), curvature[mask].tolist()
     info.value = (f"<b>{lr.name}</b>, round {round_slider.value}: rank {lr.rank_before} &rarr; {lr.rank_after}; "
-                  f"pool {lr.pool.numel()}, pruned {lr.pruned.numel()}; layer now stores {lr.params_after:,} parameters")
+                  f"pool {lr.pool.numel()}, pruned {lr.pruned.numel()}; first-order terms that passed the "
+                  f"z = {c.gradient_z:g} test: {int(passed.sum())} of {lr.pool.numel()}; "
+                  f"layer now stores {lr.params_after:,} parameters")
 
 
 round_slider.observe(show_round, "value")
@@ -290,8 +456,150 @@ layer_pick.observe(show_round, "value")
 show_round()
 display(widgets.VBox([widgets.HBox([round_slider, layer_pick]), info, bases, term_plot]))
 
+# %%
+passing = [r.significant_gradients for r in rounds]
+shown = rounds[0].layers[index[most_pruned]]
+raw = (-shown.sigma * shown.grad)[shown.pool].abs() if shown.grad is not None else None
+curv = shown.terms.get("curvature", torch.zeros(shown.rank_before))[shown.pool]
+display(Markdown(
+    "What the snapshot shows: "
+    + (f"in round 1 the measured first-order terms of `{short(most_pruned)}`'s pool are typically "
+       f"{float(raw.median()):.2g} in size against {float(curv.median()):.2g} for the curvature term (medians), "
+       "and they scatter on both sides of zero. " if raw is not None else "")
+    + "Over all layers, the share of pool bases whose first-order term passed the test, round by round: "
+    + ", ".join("n/a" if p != p else f"{p:.1%}" for p in passing)
+    + ". Where it is near zero the score is, in effect, the curvature term alone, which is why the plot of the "
+    "score's gradient term would be a column of zeros."))
+
 # %% [markdown]
-# ## 8. After: the same questions
+# ## 8. The paper's KeepRatio rule on a real layer
+#
+# This run chose its cuts by size (size mode `target`: one parameter budget per
+# round, spent across all layers). The paper's own rule, size mode `keep`
+# (`SizeRule.keep(KeepRatio)`), decides per layer and per round from the
+# importance scores alone, in two steps:
+#
+# 1. **The pool.** Protect the largest bases holding a share
+#    `rho = KeepRatio^(gamma/T)` of the layer's `|sigma|` mass; the rest is the
+#    candidate pool (`bsi.method.scores.candidate_pool`).
+# 2. **The mass rule.** Sort the pool by importance and keep the fewest, most
+#    important bases whose importance adds up to `KeepRatio^(1/T)` times the
+#    pool's total **positive** importance; prune the rest
+#    (`mass_rule_keep_count`, `select_pruned`). A basis with negative
+#    importance (removing it is predicted to *lower* the loss) is always
+#    pruned, and if every score in the pool is negative, the whole pool goes.
+#
+# Below, the rule applied by the library's own functions to the real scores one
+# layer had at the end of round 1 of this run, with two versions of the score:
+# the run's (`gradient_z` test on) and the paper's plain estimate, which keeps
+# every first-order term (`gradient_z = 0`, computed here from the same measured
+# `sigma`, `g` and `h`). Move the slider: a larger KeepRatio protects more and
+# keeps more of the pool's mass. The run scored only its own pool; where the
+# rule's pool would be larger (a small KeepRatio), the run's pool is used and
+# the line above the plots says so.
+
+# %%
+down = [layer for layer in rounds[0].layers if layer.name.endswith("mlp.down_proj")]
+example = (down or list(rounds[0].layers))[len(down or rounds[0].layers) // 2]  # a middle block's down-projection
+sigma = example.sigma  # (r,) the round's measured coefficients
+scores = {f"as run (gradient_z {c.gradient_z:g})": example.importance,  # (r,) what the run ranked with
+          "paper's plain estimate (gradient_z 0)": get_score(c.score)(example.sigma, example.grad, example.hessian)}  # (r,)
+measured_pool = set(example.pool.tolist())
+T, gamma = c.rounds, c.gamma
+
+
+def rule(keep_ratio: float, importance: torch.Tensor):
+    """(pool, pruned positions, keep fraction, whether the rule's own pool was used) of the KeepRatio rule."""
+    pool = candidate_pool(sigma, pool_rho(keep_ratio, gamma, T))  # (p,) positions, small |sigma|
+    own = set(pool.tolist()) <= measured_pool
+    pool = pool if own else example.pool
+    fraction = keep_ratio ** (1 / T)
+    return pool, select_pruned(importance, pool, fraction), fraction, own
+
+
+keep_slider = widgets.SelectionSlider(options=[round(0.05 * k, 2) for k in range(1, 20)],
+                                      value=min((round(0.05 * k, 2) for k in range(1, 20)),
+                                                key=lambda k: abs(k - c.size.ratio)),  # the run's own pool
+                                      description="KeepRatio")
+score_pick = widgets.ToggleButtons(options=list(scores), value=list(scores)[1], description="score")
+rule_info = widgets.HTML()
+rule_bases = go.FigureWidget(
+    [go.Scatter(mode="markers", name=n, marker={"size": 5, "color": color})
+     for n, color in (("protected", "#999"), ("pool, kept", "#1f77b4"), ("pool, pruned", "#d62728"))],
+    layout={"height": 320, "xaxis_title": "original basis index", "yaxis_title": "|sigma_i|", "yaxis_type": "log",
+            "yaxis_exponentformat": "power", "showlegend": True, "margin": {"t": 40}, "template": "plotly_white",
+            "title": "step 1: the pool (the small |sigma|)"})
+rule_mass = go.FigureWidget(
+    [go.Scatter(mode="markers", name=n, marker={"size": 5, "color": color})
+     for n, color in (("kept", "#1f77b4"), ("pruned, positive importance", "#ff7f0e"),
+                      ("pruned, negative importance", "#d62728"))]
+    + [go.Scatter(mode="lines", name="KeepRatio^(1/T)", line={"dash": "dash", "color": "black"})],
+    layout={"height": 340, "xaxis_title": "pool bases, most important first",
+            "yaxis_title": "running share of positive importance", "yaxis_range": [0, 1.05], "margin": {"t": 40},
+            "showlegend": True, "template": "plotly_white", "title": "step 2: the mass rule"})
+
+
+def show_rule(*_):
+    importance = scores[score_pick.value]
+    pool, pruned, fraction, own = rule(keep_slider.value, importance)
+    status = torch.zeros(sigma.numel(), dtype=torch.long)  # (r,) 0 protected, 1 kept, 2 pruned
+    status[pool] = 1
+    status[pruned] = 2
+    with rule_bases.batch_update():
+        for code, trace in enumerate(rule_bases.data):
+            mask = status == code
+            trace.x, trace.y = example.basis_ids[mask].tolist(), sigma[mask].abs().tolist()
+    values = importance[pool].sort(descending=True).values  # (p,)
+    positive = values.clamp(min=0)
+    running = positive.cumsum(0) / positive.sum() if positive.sum() > 0 else torch.zeros_like(values)  # (p,)
+    kept = mass_rule_keep_count(importance[pool], fraction)
+    x = torch.arange(1, values.numel() + 1)
+    groups = (x <= kept, (x > kept) & (values >= 0), (x > kept) & (values < 0))
+    with rule_mass.batch_update():
+        for trace, mask in zip(rule_mass.data, groups):
+            trace.x, trace.y = x[mask].tolist(), running[mask].tolist()
+        rule_mass.data[3].x, rule_mass.data[3].y = [1, max(values.numel(), 1)], [fraction, fraction]
+    rule_info.value = (
+        f"<b>{example.name}</b>, scores of round 1, {score_pick.value}. KeepRatio {keep_slider.value:g} over T = {T} "
+        + (f"rounds: protect {pool_rho(keep_slider.value, gamma, T):.1%} of the |sigma| mass, "
+           if own else "rounds: its pool would reach bases the run never scored, so this is the run's pool, ")
+        + f"{pool.numel()} bases, {int((values < 0).sum())} with negative importance. Keep {fraction:.1%} of the "
+        f"pool's positive importance: keeps {kept}, prunes {pool.numel() - kept}. (The run, under its budget, "
+        f"pruned {example.pruned.numel()} of its pool of {example.pool.numel()}.)")
+
+
+keep_slider.observe(show_rule, "value")
+score_pick.observe(show_rule, "value")
+show_rule()
+display(widgets.VBox([widgets.HBox([keep_slider]), score_pick, rule_info, rule_bases, rule_mass]))
+
+# %%
+ratios = (0.3, 0.5, 0.7, 0.9)
+table = []
+for label, importance in scores.items():
+    row = {"score": label, "negative in the run's pool": f"{int((importance[example.pool] < 0).sum())} of "
+                                                          f"{example.pool.numel()}"}
+    for k in ratios:
+        pool, pruned, _, own = rule(k, importance)
+        row[f"KeepRatio {k}: pruned"] = f"{pruned.numel()} of {pool.numel()}" + ("" if own else " *")
+    table.append(row)
+display(markdown_table(table))
+display(Markdown("\\* the rule's own pool would reach bases the run never scored: the run's pool is used."))
+
+# %%
+plain, run_score = scores["paper's plain estimate (gradient_z 0)"], next(iter(scores.values()))
+_, pruned_plain, _, _ = rule(0.7, plain)
+display(Markdown(
+    f"What to see: the pool is the long tail of small coefficients. With the paper's plain estimate, "
+    f"{int((plain[example.pool] < 0).sum())} of the {example.pool.numel()} pool bases have negative importance (their "
+    "measured first-order term, mostly batch noise, outweighs the curvature term), and the rule prunes every one of "
+    f"them at any KeepRatio: at 0.7 it prunes {pruned_plain.numel()} in this one round, where the run's budget took "
+    f"{example.pruned.numel()}. With the run's score {int((run_score[example.pool] < 0).sum())} are negative, and the "
+    "KeepRatio alone sets how much of the pool's importance is kept. A KeepRatio of `q^T` keeps `q` of the mass in "
+    "each of the `T` rounds."))
+
+# %% [markdown]
+# ## 9. After: the same questions
 #
 # The compressed model is an ordinary transformers model now (its layers are
 # `LowRankLinear` factors or plain `nn.Linear`), so it chats as before.
@@ -318,32 +626,57 @@ print(f"Result: {params_before:,} -> {params_after:,} parameters ({params_before
       f"{before['loss']:.3f} -> {after['loss']:.3f}; ran in {time.perf_counter() - start:.0f} s")
 
 # %% [markdown]
+# ## What the data say
+
+# %%
+cuts = [r.loss_after - r.loss_before for r in rounds]
+won_back = [rounds[t].loss_before - rounds[t - 1].loss_after for t in range(1, len(rounds))]
+versus_dense = {stat: paired_difference([outcomes("recovered")], [outcomes(history[0]["when"])], stat)
+                for stat in ("accuracy", "loss")}
+supported = [stat for stat, iv in versus_dense.items() if iv.excludes_zero]
+said = [
+    (f"* **Compressed against dense, on these {config.eval_examples} problems:** accuracy {before['accuracy']:.0%} -> "
+     f"{after['accuracy']:.0%}, test loss {before['loss']:.4f} -> {after['loss']:.4f}; the paired difference is "
+     f"{interval(versus_dense['accuracy'])} in accuracy and {interval(versus_dense['loss'], 1, '', 4)} in loss. "
+     + (f"The data support a change in {' and '.join(supported)}; " if supported else
+        "Neither difference stands out from the noise of so few problems; ")
+     + "one run, one seed, so this says what the test set can show, not what the method does in general."),
+    (f"* **Recovery, {len(recover_losses)} steps:** {interval(loss_change, 1, '', 4)} in loss against the end of the "
+     "last round (section 5). Section 5 also reads the shipped run where recovery, and an equal-budget dense copy, "
+     "had a real budget."),
+    f"* **What each cut cost on the fixed batch**: {', '.join(f'{x:+.4f}' for x in cuts)} in loss, round by round "
+    f"(from {rounds[0].loss_before:.4f} before the first cut to {rounds[-1].loss_after:.4f} after the last); the "
+    "tuning steps between cuts changed it by "
+    + (", ".join(f"{x:+.4f}" for x in won_back) if won_back else "nothing (one round)")
+    + " (negative: won back). One batch, so these are indications, not measurements of the model.",
+    f"* **The chat**: {sum(extract_answer(a) == extract_answer(b) for a, b in zip(answers_before, answers_after))} of "
+    f"{len(answers_before)} answers end with the same number after compression as before.",
+    "* **Where the bases went**: the kinds kept, on average, "
+    + ", ".join(f"{kind_label[k]} {v:.0%}" for k, v in by_kind.items())
+    + f" of their rank; {dense_after} layers stayed above their break-even rank and are stored dense.",
+    f"* **The first-order term did not count**: {', '.join('n/a' if p != p else f'{p:.1%}' for p in passing)} of "
+    "the pool bases passed the gradient test, round by round, so the ranking is the curvature term's (section 7).",
+]
+display(Markdown("\n".join(said)))
+
+# %% [markdown]
 # ## Recap
 #
 # * The engine prunes in rounds: each round tunes `sigma` and the auxiliary
 #   vectors, profiles the score's statistics, then removes a parameter budget's
-#   worth of bases. The budgets shrink evenly in factor parameters and only the
-#   last one is the stored-size target, which the run lands on.
+#   worth of bases. The budgets shrink evenly in factor parameters (a layer
+#   saves nothing until it is below its break-even rank) and only the last one
+#   is the stored-size target, which the run lands on.
 # * Each cut raises the loss on the fixed batch; the next round's tuning steps
 #   win part of it back. That is why the method cuts gradually.
 # * One budget is shared by every layer, so layers shrink at different speeds:
 #   the heat map and the by-kind bars show which ones the task needs least.
+# * The default score keeps a first-order term only where the gradient stands
+#   out from its noise; the paper's KeepRatio rule keeps a share of each pool's
+#   positive importance and always prunes negative scores.
 # * Recovery exports each layer to two factors (or dense, where that is
 #   smaller) and fine-tunes them; the compressed model is an ordinary
 #   transformers model that answers the same questions.
-#
-# In numbers, this run:
-
-# %%
-display(Markdown(
-    f"* parameters {params_before:,} -> {params_after:,} ({params_before / params_after:.2f}x the whole model); "
-    f"compressible layers at {after['compressible share']:.1%} for a target of {c.size.ratio:.0%}\n"
-    f"* {len(rounds)} rounds; largest cut on the fixed batch: "
-    f"{max(r.loss_after - r.loss_before for r in rounds):+.3f} in loss\n"
-    f"* accuracy {before['accuracy']:.0%} -> {after['accuracy']:.0%}, test loss {before['loss']:.3f} -> "
-    f"{after['loss']:.3f} (on {config.eval_examples} problems: a small sample)\n"
-    f"* the layer that kept least: {final.sort_values('kept')['layer'].iloc[0]} "
-    f"({final['kept'].min():.0%} of its rank)"))
 
 # %% [markdown]
 # ## What to try

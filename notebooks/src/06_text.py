@@ -11,6 +11,7 @@
 # module:
 
 # %%
+import json
 import math
 import time
 
@@ -21,12 +22,41 @@ from transformers.utils import logging as hf_logging
 
 import bsi.data.text
 import bsi.pipeline.perplexity
+from bsi.analysis.stats import Outcomes, value_interval
+from bsi.config import make_config
 from bsi.method.surgery import compressible_parameters, model_parameters
+from bsi.pipeline.perplexity import text_task_perplexity
 from bsi.pipeline.runner import Pipeline
 from bsi.reports import EvalReport, RoundReport, StepReport
+from bsi.results import read_study_rows
+from bsi.shipped import general_text_costs, shipped_sweep
 from bsi.teaching import doc_markdown, notebook_settings
 
-display(Markdown(doc_markdown(bsi.data.text, title=False)))
+display(Markdown(doc_markdown(bsi.data.text, title=False, paragraphs=1)))
+
+# %% [markdown]
+# This notebook's run is **shorter than the `text` preset's**, so that it
+# runs in about five minutes on two CPU cores: a shorter fine-tune, fewer
+# pruning iterations and recovery steps, and a quarter of the held-out
+# windows. The method's settings are the preset's. The preset's own results,
+# at full length, ship in `data/sweeps/text/`; section 4 reads them on the
+# same held-out windows as this run, as the reference for its numbers. What
+# was cut:
+
+# %%
+hf_logging.disable_progress_bar()
+settings = notebook_settings()
+start = time.perf_counter()
+torch.manual_seed(0)
+config = settings.text_config()
+preset = make_config(settings.text_preset, {"model": settings.model})
+work = [("fine-tune steps", lambda c: c.finetune.steps), ("calibration batches", lambda c: c.compress.calibration_batches),
+        ("pruning iterations (all rounds)", lambda c: c.compress.iters_per_epoch),
+        ("pruning rounds", lambda c: c.compress.rounds), ("recovery steps", lambda c: c.recover.steps),
+        ("held-out windows scored", lambda c: c.eval_windows), ("window (tokens)", lambda c: c.window),
+        ("target: share of the linear layers kept", lambda c: c.compress.size.ratio)]
+display(Markdown(f"| | this notebook | preset `{settings.text_preset}` |\n|---|---|---|\n" + "\n".join(
+    f"| {name} | {get(config)} | {get(preset)} |" for name, get in work)))
 
 # %% [markdown]
 # ## 1. The text as windows
@@ -37,11 +67,6 @@ display(Markdown(doc_markdown(bsi.data.text, title=False)))
 # the mean next-token loss over every token of a window after its first.
 
 # %%
-hf_logging.disable_progress_bar()
-settings = notebook_settings()
-start = time.perf_counter()
-torch.manual_seed(0)
-config = settings.text_config()
 pipeline = Pipeline(config)  # no out_dir: everything stays in memory
 pipeline.load()
 task = pipeline.text
@@ -57,27 +82,46 @@ print("the start of one window:", repr(pipeline.tokenizer.decode(batch["input_id
 # ## 2. Perplexity, and the protocol it is measured by
 #
 # A perplexity means nothing without its protocol: how long the windows are,
-# whether they overlap, which tokens are scored and how many. bsi states it
-# beside every figure:
+# whether they overlap, which tokens are scored and how many. The definition,
+# from the library:
 
 # %%
-display(Markdown(doc_markdown(bsi.pipeline.perplexity, title=False)))
+display(Markdown(doc_markdown(bsi.pipeline.perplexity, title=False, paragraphs=2)))
 
 # %% [markdown]
+# Here the held-out stream is cut into windows of 128 tokens that do not
+# overlap; each window is read on its own, and its first token is context
+# only, so a full window scores 127 tokens. bsi prints this protocol beside
+# every perplexity (below, after "protocol:").
+#
+# Perplexity reads as an average branching factor: a perplexity of 20 means the
+# model's probability for the right next token is, in the geometric mean over
+# the scored tokens, 1/20 (5%). A model that doubles its perplexity has halved that
+# probability. A ratio of perplexities is `exp` of a difference of mean
+# losses, so "1.5x the perplexity" means "0.41 nats more loss per token",
+# whatever the starting point.
+#
 # ## 3. The three stages on text
 #
-# Stage 1 fine-tunes the dense model on the training windows (cached), then
-# the engine prunes in rounds and the recovery trains the factors, all with
-# the mean next-token loss. The evaluation before and after is the perplexity
-# on the held-out windows, one outcome per window.
+# First, the embedded model *before* any fine-tune, on the same held-out
+# windows: a reference point for everything after. Then stage 1 fine-tunes
+# the dense model on the training windows (cached), the engine prunes in
+# rounds and the recovery trains the factors, all with the mean next-token
+# loss. The evaluation before and after is the perplexity on the held-out
+# windows, one outcome per window.
 
 # %%
+untuned = text_task_perplexity(pipeline.model, task, max_windows=config.eval_windows)
+print(f"the embedded model, no fine-tune: perplexity {untuned.perplexity:.2f} (mean next-token loss "
+      f"{untuned.mean_nll:.4f}) on the first {config.eval_windows} held-out windows")
 finetune, rounds, evaluations = [], [], {}
 for report in pipeline.reference_stage():
     if isinstance(report, StepReport):
         finetune.append(report.loss)
     elif isinstance(report, EvalReport):
         evaluations[report.when] = report
+if finetune:
+    print(f"stage 1: {len(finetune)} fine-tune steps, training loss {finetune[0]:.3f} -> {finetune[-1]:.3f}")
 for report in pipeline.compress():
     if isinstance(report, RoundReport):
         rounds.append(report)
@@ -87,48 +131,123 @@ recover = [r.loss for r in pipeline.recover_stage() if isinstance(r, StepReport)
 evaluations.update({r.when: r for r in pipeline.evaluate_stage("recovered") if isinstance(r, EvalReport)})
 before, after = evaluations["finetuned"], evaluations["recovered"]
 protocol = pipeline.perplexities["recovered"]
-if finetune:
-    print(f"stage 1: {len(finetune)} steps, loss {finetune[0]:.3f} -> {finetune[-1]:.3f}")
-print(f"perplexity before {before.perplexity:.2f} (mean next-token loss {before.loss:.4f}) -> after "
+print(f"perplexity before compression {before.perplexity:.2f} (mean next-token loss {before.loss:.4f}) -> after "
       f"{after.perplexity:.2f} ({after.loss:.4f}), {before.params_total:,} -> {after.params_total:,} parameters")
-print(f"protocol: {protocol['source']}; {protocol['description']}")
+print(f"protocol: {protocol['description']}")
 
 # %% [markdown]
 # Each held-out window is an outcome, like a test problem. What the library
 # keeps per window (`ProblemOutcome`) is its next-token loss *summed* over its
 # scored tokens (`loss_sum`) and the number of those tokens (`tokens`). The
-# plot shows each window's *mean*, `loss_sum / tokens` (`ProblemOutcome.loss`),
-# so that windows of different lengths compare. The perplexity pools the
-# windows weighted by their tokens, `exp(sum loss_sum / sum tokens)`, and the
-# paired bootstrap of `bsi sweep` resamples the windows' `(loss_sum, tokens)`
-# pairs the same way. The windows the compressed model finds harder lie above
-# the diagonal.
+# perplexity pools the windows weighted by their tokens,
+# `exp(sum loss_sum / sum tokens)`, and a bootstrap that resamples the
+# windows' `(loss_sum, tokens)` pairs gives its 95% interval: how far the
+# figure could move with another stretch of held-out text.
+
+# %%
+own = {when: Outcomes.from_columns(pipeline.evaluations[when].columns()) for when in ("finetuned", "recovered")}
+bands = {when: value_interval([outcomes], "loss") for when, outcomes in own.items()}
+pooled = {when: outcomes.loss() for when, outcomes in own.items()}  # sum(loss_sum) / sum(tokens), as the perplexity
+for when, band in bands.items():
+    print(f"{when:>9}: perplexity {math.exp(band.estimate):.2f} [{math.exp(band.low):.2f}, {math.exp(band.high):.2f}], "
+          f"mean next-token loss {band.estimate:.4f} [{band.low:.4f}, {band.high:.4f}] ({band.samples} windows)")
+ratio = after.perplexity / before.perplexity
+print(f"ratio after / before: {ratio:.2f}x = exp({after.loss - before.loss:.3f} nats); the geometric-mean "
+      f"probability of the right next token went from {1 / before.perplexity:.1%} to {1 / after.perplexity:.1%}")
+
+# %% [markdown]
+# ## 4. Reference points: the preset's shipped sweep, on the same windows
+#
+# A perplexity is a number to compare, never to read alone. `bsi sweep
+# --preset text` ships in `data/sweeps/text/`: the `text` preset at full length
+# (its 60-step fine-tune, 48 pruning iterations, 32 recovery steps), bsi,
+# Basel and SVD-LLM at 0.8, 0.6 and 0.4 of the linear layers, each model
+# before and after recovery, one seed. Its outcome files keep every model's
+# loss on each of its 256 held-out windows, so the perplexity of each shipped
+# model can be recomputed on exactly the windows this notebook scored, the
+# first ones of the same stream.
+
+# %%
+shipped = shipped_sweep("text")
+shipped_rows = read_study_rows(shipped / "results.jsonl")
+shipped_stats = json.loads((shipped / "stats.json").read_text())
+shipped_window = shipped_rows[0].perplexity_protocol["window"]
+n = before.examples  # this notebook's windows: the first n of the stream
+now, dense = compressible_parameters(pipeline.model)
+
+
+def on_these_windows(row):
+    """A shipped model's perplexity on the first n held-out windows, with its 95% interval, from its outcome file."""
+    columns = json.loads((shipped / row.outcomes).read_text())
+    return value_interval([Outcomes.from_columns({k: v[:n] for k, v in columns.items()})], "loss")
+
+
+def cell(band, reference=None):
+    """``perplexity [low, high]`` of a loss interval, and its ratio to ``reference`` (a loss) when given."""
+    text = f"{math.exp(band.estimate):.1f} [{math.exp(band.low):.1f}, {math.exp(band.high):.1f}]"
+    return text if reference is None else f"{text} | {math.exp(band.estimate - reference):.2f}x"
+
+
+shown = [r for r in shipped_rows if r.is_reference or (r.target >= 0.6 and r.method in ("bsi", "svd-llm", "basel")
+                                                       and (r.recovered or r.method == "bsi"))]
+shipped_dense = on_these_windows(shipped_rows[0]).estimate
+table = [f"| model | linear layers kept | recovery steps | perplexity, first {n} windows [95%] | / its dense | "
+         "all 256 windows |", "|---|---|---|---|---|---|"]
+for r in sorted(shown, key=lambda r: (-r.target, r.method, r.recovered)):
+    steps = "-" if r.is_reference else r.recover_steps if r.recovered else 0
+    table.append(f"| shipped `{r.method}` | {r.target:.0%} | {steps} | {cell(on_these_windows(r), shipped_dense)} | "
+                 f"{r.metrics.perplexity:.1f} |")
+table.append(f"| **this notebook**, dense | 100% | - | {cell(bands['finetuned'], bands['finetuned'].estimate)} | |")
+table.append(f"| **this notebook**, `bsi` | {now / dense:.0%} | {len(recover)} | "
+             f"{cell(bands['recovered'], bands['finetuned'].estimate)} | |")
+table.append(f"| the embedded model, no fine-tune | 100% | - | {untuned.perplexity:.1f} | | |")
+same = config.window == shipped_window and config.data == shipped_rows[0].perplexity_protocol["data"]
+display(Markdown("\n".join(table) + "\n\n" + (
+    f"Every row on the same first {n} windows of {config.window} tokens, except the last column (the shipped "
+    "sweep's own 256 windows). " if same else
+    f"**Not comparable here**: this run's windows are {config.window} tokens, the shipped sweep's {shipped_window} "
+    "(and it is another model); the rows show the layout only. ")
+    + "The intervals resample the windows; with one seed they do not cover the spread between training runs."))
+
+# %% [markdown]
+# The windows the compressed model finds harder lie above the diagonal. Each
+# window's *mean* loss, `loss_sum / tokens`, is plotted so that windows of
+# different lengths compare (here all are full).
 
 # %%
 per_window = {when: [o.loss for o in pipeline.evaluations[when].outcomes]  # each window's mean: loss_sum / tokens
               for when in ("finetuned", "recovered")}
-pooled = {when: sum(o.loss_sum for o in pipeline.evaluations[when].outcomes)  # token-weighted, as the perplexity
-                / sum(o.tokens for o in pipeline.evaluations[when].outcomes) for when in per_window}
-print("pooled over the windows, sum(loss_sum) / sum(tokens): "
-      + ", ".join(f"{when} {loss:.4f} (perplexity {math.exp(loss):.2f})" for when, loss in pooled.items()))
-top = max(max(v) for v in per_window.values())
-fig = go.Figure([go.Scatter(x=per_window["finetuned"], y=per_window["recovered"], mode="markers", name="window"),
-                 go.Scatter(x=[0, top], y=[0, top], mode="lines", line={"dash": "dot"}, name="no change")])
-fig.update_layout(height=380, title="Mean next-token loss of each held-out window",
-                  xaxis_title="before compression", yaxis_title="after compression and recovery")
+worse = sum(b < a for b, a in zip(per_window["finetuned"], per_window["recovered"]))
+low_end = min(min(v) for v in per_window.values()) - 0.1
+top = max(max(v) for v in per_window.values()) + 0.1
+fig = go.Figure([go.Scatter(x=per_window["finetuned"], y=per_window["recovered"], mode="markers", name="a window"),
+                 go.Scatter(x=[low_end, top], y=[low_end, top], mode="lines", line={"dash": "dot"},
+                            name="no change")])
+fig.update_layout(height=460, width=560, template="plotly_white", margin={"t": 90},
+                  title={"text": f"Each held-out window's mean loss (nats/token)<br><sup>{worse} of {n} windows "
+                                 "above the diagonal: worse after compression</sup>"},
+                  xaxis={"title": "fine-tuned dense model", "range": [low_end, top]},
+                  yaxis={"title": "compressed and recovered", "range": [low_end, top], "scaleanchor": "x"},
+                  legend={"x": 0.98, "xanchor": "right", "y": 0.02, "yanchor": "bottom"})
 fig.show()
 
+# %% [markdown]
+# *Figure: one point per held-out window, its mean next-token loss before
+# (x) and after (y) compression and recovery; on the dotted line nothing
+# changed. How far the cloud sits above the line is the whole-text loss
+# increase; how tight it is shows whether compression hurt every kind of text
+# alike or some windows far more.*
+
 # %%
-now, dense = compressible_parameters(pipeline.model)
 outcome = {"perplexity": [before.perplexity, after.perplexity], "loss": [before.loss, after.loss],
            "windows": before.examples, "tokens_scored": protocol["tokens_scored"], "window": config.window,
            "params": [before.params_total, model_parameters(pipeline.model)], "compressible_share": now / dense,
            "target": config.compress.size.ratio, "finetune": [finetune[0], finetune[-1]] if finetune else [],
-           "rounds": len(rounds), "recover_steps": len(recover),
-           "pooled_loss": [pooled["finetuned"], pooled["recovered"]]}
-print(f"Result: perplexity {before.perplexity:.2f} -> {after.perplexity:.2f} on {protocol['source']} "
-      f"({protocol['description']}); {outcome['params'][0]:,} -> {outcome['params'][1]:,} parameters "
-      f"(compressible layers at {now / dense:.0%}); ran in {time.perf_counter() - start:.0f} s")
+           "rounds": len(rounds), "recover_steps": len(recover), "untuned_perplexity": untuned.perplexity,
+           "pooled_loss": [pooled["finetuned"], pooled["recovered"]], "windows_worse": worse}
+print(f"Result: perplexity {before.perplexity:.2f} -> {after.perplexity:.2f} ({ratio:.2f}x) on {n} held-out "
+      f"windows; {outcome['params'][0]:,} -> {outcome['params'][1]:,} parameters (compressible layers at "
+      f"{now / dense:.0%}); ran in {time.perf_counter() - start:.0f} s")
 
 # %% [markdown]
 # ## Recap
@@ -136,20 +255,66 @@ print(f"Result: perplexity {before.perplexity:.2f} -> {after.perplexity:.2f} on 
 # * A text task trains on every token of a text and is measured by
 #   perplexity on a held-out part; the engine, the loss and the stages are the
 #   ones of the question/answer task.
-# * A perplexity is meaningless without its protocol: the window, the stride,
-#   which tokens are scored (each window's first token is context only) and
-#   how many; bsi prints it beside every figure.
-# * Each held-out window is one outcome, kept as its summed loss and its token
-#   count; the perplexity is `exp` of the token-weighted mean loss, and the
-#   plot shows each window's own mean.
+# * A perplexity is meaningless without its protocol (the window, the stride,
+#   which tokens are scored and how many) and without a reference point: the
+#   dense model on the same windows, and other methods at the same size.
+# * A ratio of perplexities is `exp` of a difference of mean losses; each
+#   held-out window is one outcome, kept as its summed loss and token count,
+#   so intervals and comparisons on any subset of windows can be recomputed.
 #
-# In numbers, this run:
+# ## What the data say
+#
+# Computed from this run and the shipped files, so they stay true after a new
+# render:
 
 # %%
-display(Markdown(
-    f"* perplexity {before.perplexity:.2f} -> {after.perplexity:.2f} (mean next-token loss {before.loss:.4f} -> "
-    f"{after.loss:.4f}) on {before.examples} held-out windows, {protocol['tokens_scored']:,} tokens scored\n"
-    f"* parameters {outcome['params'][0]:,} -> {outcome['params'][1]:,}; compressible layers at {now / dense:.0%}"))
+def shipped_ratio(method, target, recovered=True):
+    """A shipped model's perplexity over the shipped dense model's, on the sweep's 256 windows."""
+    row = next(r for r in shipped_rows if r.method == method and r.target == target and r.recovered == recovered)
+    return row.metrics.perplexity / shipped_rows[0].metrics.perplexity
+
+
+low, high = shipped_ratio("bsi", 0.8), shipped_ratio("bsi", 0.6)
+where = "above" if ratio > high else "within" if ratio >= low else "below"
+separated = all(entry["vs_anchor"]["loss"]["excludes_zero"]
+                for method in ("svd-llm", "basel") for entry in shipped_stats["protocols"]["tuned"]["methods"][method].values())
+qa = general_text_costs().get("tour")
+lines = [
+    f"* **{'Compression costs text quality' if ratio > 1 else 'No cost measured here (a random model)'}.** "
+    f"Keeping {now / dense:.0%} of the linear layers "
+    f"({before.params_total / after.params_total:.2f}x fewer parameters in all) took the perplexity from "
+    f"{before.perplexity:.1f} to {after.perplexity:.1f}: {ratio:.2f}x, or {after.loss - before.loss:+.2f} nats of loss "
+    f"per token; {worse} of the {n} windows got worse. The preset at full length costs {low:.2f}x at 80% and "
+    f"{high:.2f}x at 60% (shipped sweep, 256 windows); this shorter run at {now / dense:.0%} lands {where} that "
+    "range. Its fine-tune, pruning and recovery are all shorter than the preset's (the table at the top), and one "
+    "run cannot say which of the three costs what.",
+    f"* **Recovery matters.** In the shipped sweep, `bsi` at 60% is {shipped_ratio('bsi', 0.6, False):.2f}x the dense "
+    f"perplexity straight after pruning and {high:.2f}x after its 32 recovery steps; this run recovers for "
+    f"{len(recover)} steps.",
+    f"* **`bsi` against the other methods** (the shipped sweep, not this run): at 60% with recovery, SVD-LLM is "
+    f"{shipped_ratio('svd-llm', 0.6):.2f}x the dense perplexity and Basel {shipped_ratio('basel', 0.6):.2f}x, "
+    f"against `bsi`'s {high:.2f}x; the paired intervals on the loss difference "
+    f"{'exclude 0 at every size, for both' if separated else 'do not all exclude 0'} "
+    "([docs/results/text.md](../docs/results/text.md)). That is one seed and 256 windows: the intervals cover which "
+    "text was scored, not the spread between training runs.",
+    f"* **The fine-tune {'moves the perplexity more than compression does' if untuned.perplexity / before.perplexity > ratio else 'moves the perplexity too'}.** "
+    f"Before any fine-tune the embedded model scores {untuned.perplexity:.1f} on these windows, {untuned.perplexity / before.perplexity:.1f}x its fine-tuned "
+    f"perplexity ({len(finetune)} steps here, 60 in the preset). Much of what the fine-tune learns is this release's "
+    "form (`<unk>` for rare words, spaced punctuation). None of these figures compares with published WikiText-2 "
+    "perplexities: another tokenizer, windows of 128 tokens, `<unk>` in the text.",
+]
+if qa:
+    lines.append(
+        f"* **Compressing for one task does not keep general text.** The `tour` run, compressed for the math task at "
+        f"{qa['compression_ratio']:.2f}x, keeps {qa['after']['accuracy']:.0%} on its own task (from "
+        f"{qa['before']['accuracy']:.0%}, {qa['after']['examples']} problems) but takes lm-eval's WikiText-2 word "
+        f"perplexity ({qa['articles']} articles, another protocol) from {qa['dense']['word_perplexity']:.1f} to "
+        f"{qa['compressed']['word_perplexity']:,.0f} (`data/general-text.json`). A compression keeps what its "
+        "calibration and recovery exercise: to keep text, compress on text, as here.")
+lines.append(f"* **n and noise:** {n} windows, {protocol['tokens_scored']:,} tokens scored, one seed. The 95% interval "
+             f"after compression, {math.exp(bands['recovered'].low):.1f} to {math.exp(bands['recovered'].high):.1f}, "
+             "comes from the windows alone; a second seed could move the figure further.")
+display(Markdown("\n".join(lines)))
 
 # %% [markdown]
 # ## What to try
@@ -235,5 +400,6 @@ display(Markdown(
 #   Large Language Models for Target Applications*.
 #   [arXiv:2405.15877](https://arxiv.org/abs/2405.15877).
 # * [docs/method.md](../docs/method.md), section 16 (text tasks, windows,
-#   perplexity); [docs/benchmarks.md](../docs/benchmarks.md), the measured
+#   perplexity); [docs/results/text.md](../docs/results/text.md), the `text`
+#   preset's sweep; [docs/benchmarks.md](../docs/benchmarks.md), the measured
 #   perplexities of the embedded model.
