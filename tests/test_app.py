@@ -426,7 +426,7 @@ def test_compare_loads_a_sweep_with_intervals_and_differences_from_bsi(tmp_path)
     status, fig, table, headers = compare.view(str(tmp_path))
     assert "5 evaluated models" in status and "95% bootstrap" in status
     lines = {(t.name, t.xaxis) for t in fig.data if t.name}
-    assert lines == {("bsi", "x"), ("svd", "x"), ("bsi", "x2"), ("svd", "x2")}  # accuracy and loss per method
+    assert lines == {("bsi", "x"), ("svd (published)", "x"), ("bsi", "x2"), ("svd (published)", "x2")}  # accuracy and loss per method
     bands = [t for t in fig.data if t.fill == "toself"]
     assert len(bands) == 4  # one interval band per line
     bsi_accuracy = next(t for t in fig.data if t.name == "bsi" and t.xaxis == "x")

@@ -58,7 +58,7 @@ def test_sweep_writes_rows_outcomes_and_intervals_then_resumes_and_grows(tmp_pat
     assert diff["over_seeds"]["loss"]["samples"] == 2  # the run-to-run view beside the problem bootstrap
     table = (out / "results.md").read_text()
     assert "## Protocol `tuned`" in table and "| `svd` |" in table and "`bsi` minus each method" in table
-    assert '"name":"svd"' in (out / "figure.html").read_text()
+    assert '"name":"svd (published)"' in (out / "figure.html").read_text()
 
     # every cell done but the summaries lost (a run stopped as it wrote them): a re-run writes them, computing nothing
     (out / "results.md").unlink()

@@ -82,14 +82,26 @@ def test_pipeline_runs_cut_only_the_work_of_their_preset(env, which):
     assert extra.compress.size == SizeRule.target(0.5)
 
 
-def test_the_text_notebook_runs_the_text_preset_with_fewer_windows_or_the_smoke_preset_on_wikitext_2():
+def test_the_text_notebook_runs_the_text_preset_with_less_work_or_the_smoke_preset_on_wikitext_2():
+    """Notebook 06 runs the text preset with only amounts of work cut (steps, windows, batches), never its method."""
     embedded = notebook_settings({}).text_config()
     reference = make_config("text")
-    assert embedded.eval_windows < reference.eval_windows and embedded.finetune == reference.finetune  # one cache
-    less_work = dataclasses.replace(embedded.compress, calibration_batches=reference.compress.calibration_batches,
-                                    iters_per_epoch=reference.compress.iters_per_epoch)
-    assert dataclasses.replace(embedded, eval_windows=reference.eval_windows, compress=less_work,
-                               recover=dataclasses.replace(embedded.recover, steps=reference.recover.steps)) == reference
+    work = {  # (section or None, field): each cut, none raised
+        (None, "eval_windows"), ("finetune", "steps"), ("compress", "calibration_batches"),
+        ("compress", "iters_per_epoch"), ("recover", "steps"), ("recover", "warmup_steps")}
+    for section, name in work:
+        ours = getattr(getattr(embedded, section) if section else embedded, name)
+        theirs = getattr(getattr(reference, section) if section else reference, name)
+        assert ours <= theirs, (section, name)
+    assert embedded.eval_windows < reference.eval_windows and embedded.finetune.steps < reference.finetune.steps
+    same_method = dataclasses.replace(
+        embedded, eval_windows=reference.eval_windows,
+        finetune=dataclasses.replace(embedded.finetune, steps=reference.finetune.steps),
+        compress=dataclasses.replace(embedded.compress, calibration_batches=reference.compress.calibration_batches,
+                                     iters_per_epoch=reference.compress.iters_per_epoch),
+        recover=dataclasses.replace(embedded.recover, steps=reference.recover.steps,
+                                    warmup_steps=reference.recover.warmup_steps))
+    assert same_method == reference
     tiny = notebook_settings({NOTEBOOK_MODEL_ENV: TINY_MODEL}).text_config()
     assert (tiny.model, tiny.preset, tiny.data, tiny.window) == (TINY_MODEL, "smoke", "wikitext-2", 64)
 

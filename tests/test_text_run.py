@@ -223,7 +223,7 @@ def test_a_text_sweeps_tables_give_perplexity_with_intervals_and_a_no_recovery_t
     by_name = {(r[1], r[2]): r for r in rows}
     assert set(by_name) == {("svd", 0.6), ("bsi", 0.6), ("svd (no recovery)", 0.6), ("bsi (no recovery)", 0.6)}
     assert by_name[("svd", 0.6)][4] == pytest.approx(block["methods"]["svd"]["0.6"]["perplexity"]["estimate"], rel=1e-3)
-    assert {t.name for t in figure.data if t.showlegend} == {"svd", "bsi", "svd (no recovery)", "bsi (no recovery)"}
+    assert {t.name for t in figure.data if t.showlegend} == {"svd (published)", "bsi", "svd (published, no recovery)", "bsi (no recovery)"}
     assert figure.layout.yaxis.title.text == "perplexity"
     recomputed = study_stats(read_study_rows(text_sweep / "results.jsonl"), folder_loader(text_sweep), ["tuned"],
                              resamples=200)

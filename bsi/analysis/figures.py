@@ -299,10 +299,11 @@ def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figu
         block = stats["protocols"][protocol]
         colors = {m: METHOD_COLORS[i % len(METHOD_COLORS)]
                   for i, m in enumerate(dict.fromkeys([*block.get("methods", {}), *block.get("no_recovery", {})]))}
-        for group, dash, suffix in (("methods", "solid", ""), ("no_recovery", "dot", " (no recovery)")):
+        for group, dash, suffix in (("methods", "solid", ""), ("no_recovery", "dot", "no recovery")):
             for method, cells in block.get(group, {}).items():
                 # a truncation method runs as published under every protocol: its label says so
-                color, name = colors[method], method + ("" if is_engine_method(method) else " (published)") + suffix
+                tags = [t for t in ("" if is_engine_method(method) else "published", suffix) if t]
+                color, name = colors[method], method + (f" ({', '.join(tags)})" if tags else "")
                 points = sorted(cells.items(), key=lambda kv: -kv[1]["params_total"])
                 start = [("dense", dense)] if dense else []
                 for col, key, scale in ((1, first, first_scale), (2, "loss", 1.0)):
