@@ -623,8 +623,9 @@ display(Markdown("\n".join([
     f"cut above) raised the loss by {other_5['change']:+.2f} (windows from {other_5['change_low']:+.2f} to "
     f"{other_5['change_high']:+.2f}) and 30% by {other_30['change']:+.2f}; whitened on the measured windows "
     f"themselves (in-sample, the best case) {same_5['change']:+.2f} and {same_30['change']:+.2f}. The out-of-sample "
-    f"figure is the one a compression run meets; the gap says {whitening_windows.numel():,} tokens of statistics "
-    f"are too few for deep cuts. Same {W} windows, one draw, no interval.",
+    f"figure is the one a compression run meets. The gap suggests that {whitening_windows.numel():,} tokens of "
+    f"statistics may be too few for deep cuts (a guess this notebook does not test: more windows would). Same {W} "
+    f"windows, one draw, no interval.",
     f"* **The conversion is exact:** the whole model in Basel form changed no logit by more than {logit_change:.1e} "
     f"(logits up to {outcome['logit_scale']:.3g}): float32 round-off.",
     f"* **One layer sets eps:** `sigma_max` = {sigma_max(model):.0f} ({top[0]}), against a median `sigma_1` of "
