@@ -51,6 +51,7 @@ SCORE_WINDOWS = ("profiling", "round")
 RECOVER_TARGETS = ("factors", "sigma")
 TASK_KINDS = ("auto", "qa", "text")
 DTYPES = ("float32", "bfloat16", "float16")
+AUTOCAST_CHOICES = ("off", "on")
 PROTOCOL_NAMES = ("tuned", "paper")
 WITHIN_LAYER = ("score", "magnitude")
 
@@ -493,8 +494,9 @@ class RecoverConfig(FinetuneConfig):
 class PipelineConfig(_JsonConfig):
     """The three-stage pipeline: (1) task fine-tune, (2) compress, (3) recovery fine-tune."""
 
-    model: str = option("smollm2-135m-instruct", "model: smollm2-135m-instruct (embedded), tiny-random-llama, "
-                                                 "a local folder or a hub id")
+    model: str = option("smollm2-135m-instruct", "model: smollm2-135m-instruct (embedded), gemma3-270m (after "
+                                                 "`make gemma`; Gemma's terms apply), tiny-random-llama, a local "
+                                                 "folder or a hub id")
     data: str = option("embedded-math", "task data: embedded-math, a local .jsonl file or a datasets hub name; "
                                          "text (perplexity): wikitext-2 (packaged), a .txt file, a folder of .txt files, "
                                          "a .jsonl file with a text field")
@@ -539,6 +541,10 @@ class PipelineConfig(_JsonConfig):
     max_new_tokens: int = option(48, "longest generated answer")
     dtype: str = option("auto", "auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | float16",
                         choices=("auto",) + DTYPES)
+    autocast: str = option("off", "on: bfloat16 matrix products in the training steps (fine-tune, tuning, recovery) "
+                                  "of a float32 model, weights, optimizer, scores, calibration and evaluation in "
+                                  "float32. Off by default: on 2 CPU cores it cost the fine-tuned model 12 points "
+                                  "and saved no time end to end (docs/log.md)", choices=AUTOCAST_CHOICES)
     device: str = option("auto", "auto | cpu | cuda[:N]")
     trust_remote_code: bool = option(False, "allow custom model code from the hub")
     gradient_checkpointing: bool = option(False, "recompute activations in backward (less memory)")
@@ -717,8 +723,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "recover": {"steps": 4, "lr": 1e-3, "warmup_steps": 0},
     },
     # The best trade on the embedded model (2 cores): 1.82x whole model at 92% against the dense model's 84%
-    # (100 problems, paired 95% interval of the difference +2 to +14 points) in 11 min 50 s with the
-    # fine-tune cached (docs/benchmarks.md). The dataclasses' own defaults, so that the Python API
+    # (100 problems, paired 95% interval of the difference +2 to +14 points) in 9 min 16 s with the
+    # fine-tune cached (PRESET_COSTS, docs/benchmarks.md). The dataclasses' own defaults, so that the Python API
     # (PipelineConfig()) and `bsi compress` run the same job. Change a default above, not here.
     "default": {},
     # The first look, about 90 seconds to 2 minutes on 2 cores with the fine-tune cached (PRESET_COSTS): the embedded
@@ -823,7 +829,7 @@ class PresetCost:
     source: str | None = None
 
     def time_text(self) -> str:
-        """``11 min 50 s with the fine-tune cached, 14 min 51 s with an empty cache (2 cores, 2026-11-25)``."""
+        """``9 min 16 s with the fine-tune cached, 11 min 42 s with an empty cache (2 cores, 2026-11-27)``."""
         from .progress import duration
 
         parts = [f"{duration(self.cached_seconds)} with the fine-tune cached" if self.cached_seconds else None,
@@ -836,13 +842,13 @@ class PresetCost:
 PRESET_COSTS: dict[str, PresetCost] = {
     "smoke": PresetCost("bsi compress", None, None, None,
                         "everything: a tiny random model for tests, its answers are noise"),
-    "tour": PresetCost("bsi compress", 109, None, "2026-11-26",
+    "tour": PresetCost("bsi compress", 102, None, "2026-11-27",
                        "accuracy you can trust and size: 20 test problems (a paired interval 40 points wide), 4 pruning "
                        "rounds of 3 iterations and 8 recovery steps, a mild 70% of the linear layers (1.31x; 80% -> 70%)"),
-    "default": PresetCost("bsi compress", 710, 891, "2026-11-25",
+    "default": PresetCost("bsi compress", 556, 702, "2026-11-27",
                           "nothing: the best trade found on 2 cores (1.82x at 92%, against the dense model's 84% "
                           "and its 95% with the same 96 recovery steps)",
-                          "docs/log.md#the-default-as-the-best-trade-2026-11-25"),
+                          "docs/log.md#make-compress-timed-9-min-16-s-with-the-fine-tune-cached-2026-11-27"),
     "demo": PresetCost("bsi compress", 247, None, "2026-11-25",
                        "size and accuracy: 1.31x at 75% against the dense 84% (4 rounds of 8 iterations, "
                        "16 recovery steps)", "docs/log.md#the-presets-with-todays-code-2026-11-25"),

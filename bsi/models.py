@@ -55,7 +55,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from bsi.config import DTYPES
+from bsi.config import AUTOCAST_CHOICES, DTYPES
 from bsi.errors import BSIError
 from bsi.files import set_default_mode
 
@@ -232,6 +232,17 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in DTYPES:
         raise BSIError(f"unknown dtype '{name}': use auto, {', '.join(DTYPES)}")
     return torch_dtype(name)
+
+
+def resolve_autocast(name: str, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype of the training steps' matrix products under autocast, or None (see ``PipelineConfig.autocast``).
+
+    ``on`` autocasts a float32 model's training steps to bfloat16; a bf16 or
+    float16 model computes in its own dtype already, so it gets none.
+    """
+    if name not in AUTOCAST_CHOICES:
+        raise BSIError(f"unknown autocast '{name}': use {', '.join(AUTOCAST_CHOICES)}")
+    return torch.bfloat16 if name == "on" and dtype == torch.float32 else None
 
 
 def model_id(spec: str) -> str:

@@ -86,6 +86,8 @@ class RunSummary:
         ranks: each compressed layer's rank in the export.
         seconds: the whole run's wall time.
         device, dtype: where and in what precision it ran.
+        autocast: the dtype of the training steps' matrix products when they
+            ran under autocast (``bfloat16``), None when they ran in ``dtype``.
         config: the full run configuration (``PipelineConfig.to_dict()``).
         notes: what a reader of the result should know.
         bytes_on_disk, bytes_before: the saved weights' size and the dense
@@ -112,6 +114,7 @@ class RunSummary:
     seconds: float = 0.0
     device: str = ""
     dtype: str = ""
+    autocast: str | None = None
     config: dict = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     bytes_on_disk: int | None = None
@@ -152,6 +155,7 @@ class RunSummary:
             out["perplexity"] = self.perplexity
         out |= {"protocol": self.protocol, "protocol_deviations": list(self.protocol_deviations), "eps": self.eps,
                 "ranks": self.ranks, "seconds": self.seconds, "device": self.device, "dtype": self.dtype,
+                **({"autocast": self.autocast} if self.autocast else {}),
                 "config": self.config, "notes": list(self.notes)}
         if self.bytes_on_disk is not None:
             out["bytes_on_disk"] = self.bytes_on_disk

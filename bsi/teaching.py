@@ -59,9 +59,13 @@ class NotebookSettings:
     below). Notebooks 03, 05 and 06 run the pipeline from a preset of
     :data:`bsi.config.PRESETS` (``preset``, ``sweep_preset``, ``text_preset``),
     with only the amount of work cut (``work``, ``sweep_work``, ``text_work``:
-    fewer test questions, held-out windows and calibration batches), never the
-    method's settings (on the tiny model, notebook 06 runs the ``smoke``
-    preset on WikiText-2 in windows of 64 tokens). The embedded values
+    fewer test questions, held-out windows and calibration batches, and a
+    shorter fine-tune: 20 steps for 02, 03 and 05, which share it, and 16
+    for 06, against the presets' 50 and 60; notebook 06 also fewer pruning
+    and recovery steps), never the method's settings (on the tiny model,
+    notebook 06 runs the ``smoke`` preset on WikiText-2 in windows of 64
+    tokens). The fine-tune is the cost of a notebook's first run: 50 steps
+    took 159 s of the 5 minutes a notebook may take on 2 cores. The embedded values
     are chosen so each notebook runs in a few minutes on two CPU cores; the
     tiny values so that all of them run in about a minute.
     """
@@ -79,7 +83,7 @@ class NotebookSettings:
     profile_batches: int = 2  # notebook 02: mini-batches averaged for E[g] and E[h]
     profile_batch_size: int = 2  # notebook 02: examples per mini-batch (gradients through the model: keep small)
     ranking_singles: int = 8  # notebook 02, section 6: candidates removed one at a time (last round)
-    #: notebook 02, section 6: its short run, on top of ``work`` (same fine-tune as notebooks 03 and 05): two rounds
+    #: notebook 02, section 6: its short run, on top of ``work`` (the fine-tune notebooks 03 and 05 share): two rounds
     #: of a few iterations, held-out loss on ``validation_size`` problems, no recovery, no evaluation
     ranking_work: dict = field(default_factory=lambda: {
         "eval_examples": 0, "validation_size": 16, "recover": {"steps": 0},
@@ -88,9 +92,11 @@ class NotebookSettings:
     spectrum_k: int = 32  # notebook 04: size of each layer's exact Hessian block
     spectrum_layers: int = 3  # notebook 04: layers whose spectrum is computed
     preset: str = "demo"  # notebook 03's run (the quick demo; `default` is the 12-minute best trade)
-    work: dict = field(default_factory=lambda: {"eval_examples": 16})
+    #: notebooks 02 and 03: the preset's run with fewer test questions and a 20-step fine-tune (notebook 05 the same)
+    work: dict = field(default_factory=lambda: {"eval_examples": 16, "finetune": {"steps": 20, "warmup_steps": 2}})
     sweep_preset: str = "sweep-cpu"  # notebook 05's runs (the same stage 1 as ``preset``, so its cache is shared)
-    sweep_work: dict = field(default_factory=lambda: {"eval_examples": 16, "compress": {"calibration_batches": 8}})
+    sweep_work: dict = field(default_factory=lambda: {"eval_examples": 16, "finetune": {"steps": 20, "warmup_steps": 2},
+                                                      "compress": {"calibration_batches": 8}})
     #: notebook 05: one size and two methods (the shipped data/sweeps/study-quick carries the full comparison)
     sweep_targets: tuple[float, ...] = (0.4,)
     sweep_methods: tuple[str, ...] = ("svd-llm", "bsi")

@@ -43,6 +43,10 @@ def _check_reparameterization(o: dict) -> None:
     assert all(e < 1e-5 for e in o["exact_error"].values())  # both bases are exact at start
     half = o["output_error_at_half"]
     assert 0 < half["whitened"] < half["plain SVD"] < 1  # whitened bases lose less output on held-out inputs
+    # section 4: every tail cut was measured on real text, and each kind of basis has a break-even share
+    assert math.isfinite(o["text_loss"]) and o["tail_losses"] and all(math.isfinite(v) and v > 0
+                                                                     for v in o["tail_losses"].values())
+    assert o["break_even_share"] and all(0 <= v <= 1 for v in o["break_even_share"].values())
 
 
 def _check_scoring(o: dict) -> None:

@@ -89,3 +89,48 @@ def test_lr_schedule_warms_up_then_decays_to_a_tenth():
     assert factors[4] == 1.0 and factors[-1] == pytest.approx(0.1)
     assert all(b <= a for a, b in zip(factors[4:], factors[5:]))
     assert lr_factor(1, 1) == 1.0 and lr_factor(1, 2) == 1.0 and lr_factor(2, 2) == pytest.approx(0.1)
+
+
+# --------------------------------------------------------------- bf16 autocast of the training steps
+def test_autocast_is_off_unless_asked_and_only_for_a_float32_model():
+    from bsi.models import resolve_autocast
+
+    assert resolve_autocast("off", torch.float32) is None
+    assert resolve_autocast("on", torch.float32) is torch.bfloat16
+    assert resolve_autocast("on", torch.bfloat16) is None  # a bf16 model computes in bf16 already
+    with pytest.raises(BSIError, match="unknown autocast 'auto': use off, on"):
+        resolve_autocast("auto", torch.float32)
+
+
+def test_matmul_autocast_multiplies_in_bf16_and_keeps_float32_weights_and_loss(tiny, examples):
+    from bsi.pipeline.losses import MatmulAutocast, answer_token_loss
+
+    model, tokenizer = tiny
+    batch = next(BatchStream(examples, tokenizer, batch_size=4, max_length=128))
+    seen = []
+    hook = model.model.layers[0].mlp.up_proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    loss = MatmulAutocast(answer_token_loss, "cpu")
+    mixed = loss(model, batch)
+    with torch.no_grad():
+        exact = float(answer_token_loss(model, batch))
+    hook.remove()
+    assert seen == [torch.bfloat16, torch.float32]  # the wrapped call multiplied in bf16, the plain one did not
+    assert mixed.dtype == torch.float32 and abs(float(mixed.detach()) - exact) < 0.02 * exact
+    mixed.backward()
+    assert all(p.grad is None or p.grad.dtype == torch.float32 for p in model.parameters())
+    assert loss.count(batch) == answer_token_loss.count(batch)  # what a curvature source asks is the wrapped loss's
+
+
+def test_a_run_records_its_autocast_and_keeps_the_float32_fine_tune_apart(isolated_cache):
+    from bsi.config import make_config
+    from bsi.pipeline.runner import Pipeline, finetune_cache_key, saved_run_finetune_key
+
+    config = make_config("smoke", {"autocast": "on"})
+    pipeline = Pipeline(config)
+    assert pipeline.autocast is torch.bfloat16
+    mixed = finetune_cache_key(config, torch.float32, pipeline.autocast)
+    assert mixed != finetune_cache_key(config, torch.float32)
+    assert saved_run_finetune_key(config, {"dtype": "float32", "autocast": "bfloat16"}) == mixed
+    assert saved_run_finetune_key(config, {"dtype": "float32"}) == finetune_cache_key(config, torch.float32)
+    assert repr(pipeline.train_loss(0.0)).startswith("MatmulAutocast(")
+    assert Pipeline(make_config("smoke", {"autocast": "off"})).train_loss(0.0).__class__.__name__ == "AnswerTokenLoss"

@@ -144,12 +144,9 @@ def run_reference(folder: str | Path, cache_dir: str | Path | None = None) -> Re
     if config.skip_finetune or config.finetune.steps == 0:
         return Reference(config.model, str(folder), f"`{config.model}`, the dense model `{folder}` compressed (the run "
                                                     "had no fine-tune stage)")
-    import torch
+    from bsi.pipeline.runner import saved_run_finetune_key
 
-    from bsi.pipeline.runner import finetune_cache_key
-
-    dtype = getattr(torch, summary.get("dtype") or "float32")
-    path = cache_root(cache_dir) / "finetuned" / finetune_cache_key(config, dtype)
+    path = cache_root(cache_dir) / "finetuned" / saved_run_finetune_key(config, summary)
     if not (path / "config.json").is_file():
         raise BSIError(f"the fine-tuned dense model of '{folder}' is not in this machine's cache ({path}): run its "
                        f"configuration once to make it (`bsi compress --preset {config.preset or 'default'} ...` with "

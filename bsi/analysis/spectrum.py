@@ -198,8 +198,11 @@ class PowerLawFit:
 
     * ``alpha``, ``log_c``, ``r2``: least squares of ``log |lambda_k|`` on
       ``log k`` (eigenvalues below ``1e-12 |lambda_1|`` are left out).
-    * ``envelope_share``: share of ``k`` with ``|lambda_k| <= |lambda_1| k^-alpha``
-      (the theory's envelope, anchored at ``lambda_1``, with the fitted alpha).
+    * ``envelope_share``: share of ``k`` with ``|lambda_k| <= |lambda_1| k^-alpha``,
+      the *fitted* exponent's line anchored at ``lambda_1``: how much of the
+      spectrum lies under the fitted line, not the envelope (the envelope,
+      with ``alpha_envelope``, lies above every point by construction). The
+      name stays for the ``spectrum.json`` files already written.
     * ``alpha_envelope``: the largest exponent whose envelope holds for every
       k, ``min_k log(|lambda_1| / |lambda_k|) / log k``; the theory needs an
       envelope with exponent > 1/2, so ``alpha_envelope > 0.5`` confirms its
@@ -342,7 +345,7 @@ class SpectrumResult:
         if not self.layers:
             return "(no layers)"
         e, d = self.layers[0].error, self.layers[0].delta
-        head = ("| layer | k | alpha (fit) | R^2 | alpha (envelope) | share under envelope | abs(lambda_1) | trace "
+        head = ("| layer | k | alpha (fit) | R^2 | alpha (envelope) | share under fitted line | abs(lambda_1) | trace "
                 f"| negative share | probes (e={e:g}, delta={d:g}) |")
         lines = [head, "|" + "---|" * 10]
         for r in self.summary_rows():

@@ -73,8 +73,8 @@ def run_reference(meta: dict, folder: Path) -> tuple[str | None, str]:
     import torch
 
     from bsi.config import PipelineConfig
-    from bsi.models import cache_root, resolve_device, resolve_dtype
-    from bsi.pipeline.runner import finetune_cache_key
+    from bsi.models import cache_root, resolve_autocast, resolve_device, resolve_dtype
+    from bsi.pipeline.runner import finetune_cache_key, saved_run_finetune_key
 
     source = meta.get("source_model")
     settings = meta.get("settings")
@@ -87,16 +87,19 @@ def run_reference(meta: dict, folder: Path) -> tuple[str | None, str]:
         raise BSIError(f"'{folder}': its bsi_config.json settings are not a run configuration ({err})") from None
     if config.skip_finetune or config.finetune.steps == 0:
         return config.model, f"reference: the source model `{config.model}` (the run compressed it without a fine-tune)"
-    summary = folder / "summary.json"
-    dtype_name = None
-    if summary.is_file():
+    summary_file, summary = folder / "summary.json", {}
+    if summary_file.is_file():
         try:
-            dtype_name = json.loads(summary.read_text(encoding="utf-8")).get("dtype")
+            summary = json.loads(summary_file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
-            dtype_name = None
-    dtype = getattr(torch, dtype_name) if isinstance(dtype_name, str) and hasattr(torch, dtype_name) else \
-        resolve_dtype(config.dtype, resolve_device(config.device))
-    cached = cache_root() / "finetuned" / finetune_cache_key(config, dtype)
+            summary = {}
+    if isinstance(summary, dict) and isinstance(summary.get("dtype"), str) and hasattr(torch, summary["dtype"]):
+        key = saved_run_finetune_key(config, summary)
+    else:  # no summary (yet): the precision the configuration resolves to here
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        key = finetune_cache_key(config, dtype, resolve_autocast(config.autocast, dtype))
+    cached = cache_root() / "finetuned" / key
     if (cached / "config.json").is_file():
         return str(cached), "reference: **the run's fine-tuned dense model** (the model it compressed, from the fine-tune cache)"
     return source, (f"reference: the source model `{source}`, **not fine-tuned**: the run's fine-tuned dense model is "

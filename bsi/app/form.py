@@ -461,7 +461,7 @@ def compute_eps_rule(form: Form | PipelineConfig) -> Iterator[str]:
     pipeline, compressor = Pipeline(config), None
     try:
         pipeline.load()
-        cached = (cache_root(pipeline.cache_dir) / "finetuned" / finetune_cache_key(config, pipeline.dtype)
+        cached = (cache_root(pipeline.cache_dir) / "finetuned" / finetune_cache_key(config, pipeline.dtype, pipeline.autocast)
                   / "config.json").is_file()
         if cached or config.skip_finetune or config.finetune.steps == 0:
             for _ in pipeline.finetune_stage():  # loads the cached fine-tune (or skips, as the run does)

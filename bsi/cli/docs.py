@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -358,11 +359,49 @@ def general_text_table(path: str = "data/general-text.json") -> str:
     return "\n".join(rows)
 
 
+def _interval(stat: dict, scale: float, digits: int) -> str:
+    """A paired difference as ``+e [low, high]`` (``scale``: 100 for points), "within noise" when it holds 0."""
+    text = (f"{stat['estimate'] * scale:+.{digits}f} [{stat['low'] * scale:+.{digits}f}, "
+            f"{stat['high'] * scale:+.{digits}f}]")
+    return text + ("" if stat["excludes_zero"] else ", within noise")
+
+
+def runs_side_by_side(*names: str) -> str:
+    """The same preset on several models, one row per run shipped in ``data/runs/<name>``, from its ``summary.json``.
+
+    Each row: the model, its size before, the whole-model ratio and the
+    compressible layers' share left; accuracy / answer-token loss of the
+    fine-tuned dense model, of that model given the compressed model's
+    recovery steps (the equal-budget reference, ``--dense-recovery``; "-"
+    without it) and of the compressed model; and the paired differences
+    (compressed minus each reference) with their 95% intervals over the
+    run's test problems.
+    """
+    rows = ["| model | parameters | whole model | linear layers left | dense, fine-tuned | dense, + the same "
+            "recovery steps | compressed | compressed - fine-tuned dense: points [95%] | compressed - equal-budget "
+            "dense: points [95%] | loss [95%] | run |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        summary = json.loads((ROOT / "data" / "runs" / name / "summary.json").read_text(encoding="utf-8"))
+        task, paired = summary["task"], summary["paired"]
+        equal = paired.get("recovered - dense_recovered")
+        rows.append(f"| `{summary['model']}` | {summary['params_before'] / 1e6:.0f}M | "
+                    f"{summary['compression_ratio']:.2f}x | {summary['compressible_ratio']:.0%} | "
+                    f"{_own_task(summary['metrics_before'], task)} | "
+                    f"{_own_task(summary.get('metrics_dense_recovered'), task)} | "
+                    f"{_own_task(summary['metrics_after'], task)} | "
+                    f"{_interval(paired['recovered - finetuned']['accuracy'], 100, 0)} | "
+                    f"{_interval(equal['accuracy'], 100, 0) if equal else '-'} | "
+                    f"{_interval(equal['loss'], 1, 4) if equal else '-'} | "
+                    f"[{name}](../data/runs/{name}/summary.json) |")
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------ filling the files
 GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": json_only, "presets": preset_table,
                                              "modules": module_map, "defaults": defaults_table,
                                              "walkthroughs": walkthrough_list, "preset-costs": preset_cost_table,
-                                             "shipped": shipped_tables, "general-text": general_text_table}
+                                             "shipped": shipped_tables, "general-text": general_text_table,
+                                             "runs-side-by-side": runs_side_by_side}
 
 
 def generate(what: str) -> str:

@@ -61,12 +61,12 @@ from bsi.data import (EMBEDDED_TASK, EOS_SEPARATOR, BatchStream, TaskData, TextB
 from bsi.pipeline.distributed import from_environment
 from bsi.method.engine import Compressor
 from bsi.errors import BSIError
-from bsi.pipeline.losses import DistillationLoss, answer_token_loss
+from bsi.pipeline.losses import DistillationLoss, MatmulAutocast, answer_token_loss
 from bsi.pipeline.evaluate import Evaluation, Metrics, evaluate
 from bsi.pipeline.export import WEIGHTS, write_model_files
 from bsi.files import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir, refuse_to_replace
-from bsi.models import (cache_root, enable_checkpointing, load_model_and_tokenizer, model_id, resolve_device,
-                        resolve_dtype)
+from bsi.models import (cache_root, enable_checkpointing, load_model_and_tokenizer, model_id, resolve_autocast,
+                        resolve_device, resolve_dtype)
 from bsi.method.surgery import compressible_linear_names, compressible_parameters, model_parameters
 from bsi.pipeline.methods import BaselineConfig, EngineResume, EngineRun, MethodContext, engine_method, get_method
 from bsi.pipeline.perplexity import LOSS_MEANING, measure_perplexity, model_context
@@ -156,8 +156,12 @@ def check_run_folder(out_dir: str | Path, *, force: bool = False) -> Path:
     return path
 
 
-def finetune_cache_key(config: PipelineConfig, dtype: torch.dtype) -> str:
+def finetune_cache_key(config: PipelineConfig, dtype: torch.dtype, autocast: torch.dtype | None = None) -> str:
     """Hash of everything that determines the stage-1 result.
+
+    ``autocast``: the dtype of the training steps' matrix products when they
+    are autocast (:class:`~bsi.pipeline.losses.MatmulAutocast`); a float32
+    fine-tune keeps the key it had before autocast existed.
 
     On a text task: the text (spec and field), how it becomes windows (the
     window, the held-out share, the separator, the seed's document order) and
@@ -170,6 +174,7 @@ def finetune_cache_key(config: PipelineConfig, dtype: torch.dtype) -> str:
             "window": config.window, "held_out_fraction": config.held_out_fraction, "separator": EOS_SEPARATOR,
             "train_size": config.train_size, "validation_size": config.validation_size, "seed": config.seed,
             "batch_size": config.batch_size, "dtype": str(dtype), "finetune": config.finetune.to_dict(), "version": 1,
+            **({"autocast": str(autocast)} if autocast is not None else {}),
         }
         return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
     inputs = {
@@ -180,8 +185,20 @@ def finetune_cache_key(config: PipelineConfig, dtype: torch.dtype) -> str:
            if config.validation_size and config.data != EMBEDDED_TASK else {}),
         "batch_size": config.batch_size, "max_length": config.max_length, "dtype": str(dtype),
         "finetune": config.finetune.to_dict(), "version": 1,
+        **({"autocast": str(autocast)} if autocast is not None else {}),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def saved_run_finetune_key(config: PipelineConfig, summary: dict[str, Any]) -> str:
+    """:func:`finetune_cache_key` of a saved run, from the precision its ``summary.json`` records.
+
+    ``dtype`` (float32 when a summary predates it) and ``autocast`` (absent:
+    the training steps ran in ``dtype``).
+    """
+    dtype = getattr(torch, summary.get("dtype") or "float32")
+    autocast = summary.get("autocast")
+    return finetune_cache_key(config, dtype, getattr(torch, autocast) if autocast else None)
 
 
 class Pipeline:
@@ -217,6 +234,8 @@ class Pipeline:
         self.dist = from_environment()  # several processes under accelerate/torchrun: see bsi.pipeline.distributed
         self.device = self.dist.device(resolve_device(config.device))
         self.dtype = resolve_dtype(config.dtype, self.device)
+        #: the dtype of the training steps' matrix products (bf16 autocast), None when they run in ``dtype``
+        self.autocast = resolve_autocast(config.autocast, self.dtype)
         self.model: nn.Module | None = None
         self.teacher: nn.Module | None = None
         self.tokenizer: Any = None
@@ -323,13 +342,14 @@ class Pipeline:
         if cfg.skip_finetune or cfg.finetune.steps == 0:
             yield StageReport("finetune", "end", "skipped")
             return
-        folder = cache_root(self.cache_dir) / "finetuned" / finetune_cache_key(cfg, self.dtype)
+        folder = cache_root(self.cache_dir) / "finetuned" / finetune_cache_key(cfg, self.dtype, self.autocast)
         if self.dist.all_true((folder / "config.json").is_file()):  # all processes load it, or none
             self.model, _ = load_model_and_tokenizer(str(folder), dtype=self.dtype, device=self.device)
             yield StageReport("finetune", "end", str(folder), cached=True)
             return
         yield StageReport("finetune", "start", f"{cfg.finetune.steps} steps")
-        yield from train_dense(self.model, self.stream(1), cfg.finetune, dist=self.dist, skips=self.skips)
+        yield from train_dense(self.model, self.stream(1), cfg.finetune, dist=self.dist, skips=self.skips,
+                               loss_fn=self.training_precision(answer_token_loss))
         if self.dist.is_main:  # rank 0 writes the cache; the others hold the same weights
             folder.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=folder.parent))
@@ -446,11 +466,18 @@ class Pipeline:
         self.checkpoint(compressor, stream)
 
     def train_loss(self, weight: float) -> Any:
-        """The loss of a tuning stage: the task loss, or distillation from the teacher with ``weight``."""
+        """The loss of a tuning stage: the task loss, or distillation from the teacher with ``weight``.
+
+        In the run's training precision (:meth:`training_precision`).
+        """
         if weight > 0:
             assert self.teacher is not None, "a distilling stage needs the teacher (see compress())"
-            return DistillationLoss(self.teacher, weight, self.config.distill_temperature)
-        return answer_token_loss
+            return self.training_precision(DistillationLoss(self.teacher, weight, self.config.distill_temperature))
+        return self.training_precision(answer_token_loss)
+
+    def training_precision(self, loss: Any) -> Any:
+        """``loss`` as the training steps compute it: under bf16 autocast when :attr:`autocast` says so."""
+        return loss if self.autocast is None else MatmulAutocast(loss, self.device.type, self.autocast)
 
     def checkpoint(self, compressor: Compressor, stream: BatchStream | TextBatchStream) -> None:
         """Save the state after a complete round into ``out_dir/checkpoint`` (atomic; rank 0 writes).
@@ -615,7 +642,9 @@ class Pipeline:
             protocol_deviations=tuple(protocol_deviations(self.config) if self.method_is_engine else ()),
             eps=self.round_log[-1]["eps"] if self.round_log else None,
             ranks={name: spec["rank"] for name, spec in self.table.items()}, seconds=time.perf_counter() - start,
-            device=str(self.device), dtype=str(self.dtype).removeprefix("torch."), config=self.config.to_dict(),
+            device=str(self.device), dtype=str(self.dtype).removeprefix("torch."),
+            autocast=None if self.autocast is None else str(self.autocast).removeprefix("torch."),
+            config=self.config.to_dict(),
             notes=tuple(self.notes))
         if self.out_dir is not None and self.dist.is_main:  # one writer when several processes run
             yield StageReport("save", "start", str(self.out_dir))

@@ -33,6 +33,7 @@ from bsi.data import TaskData, TextTask
 from bsi.errors import BSIError
 from bsi.method.surgery import basis_layers, model_parameters, to_exported_form
 from bsi.pipeline.evaluate import Evaluation, Metrics, ProblemOutcome, evaluate
+from bsi.pipeline.losses import answer_token_loss
 from bsi.pipeline.perplexity import protocol_record, text_task_perplexity
 from bsi.pipeline.training import finetune
 from bsi.reports import EvalReport, Report, StageReport, StepReport
@@ -83,8 +84,11 @@ def recovery_parameters(model: nn.Module, train_embeddings: bool = False) -> lis
 
 
 def train_dense(model: nn.Module, batches: Iterator[dict], settings: FinetuneConfig, *, dist: Any,
-                skips: SkipLimit) -> Iterator[Report]:
+                skips: SkipLimit, loss_fn: Any = answer_token_loss) -> Iterator[Report]:
     """Stage 1's training: every weight of the dense ``model`` on the task's ``batches``, in place.
+
+    ``loss_fn``: the answer-token loss, or the same under bf16 autocast
+    (:class:`~bsi.pipeline.losses.MatmulAutocast`).
 
     ``dist`` (:mod:`bsi.pipeline.distributed`) averages the gradients across
     processes when there are several.
@@ -95,7 +99,7 @@ def train_dense(model: nn.Module, batches: Iterator[dict], settings: FinetuneCon
         yield from skips.watch(finetune(
             model, batches, steps=settings.steps, lr=settings.lr, stage="finetune",
             weight_decay=settings.weight_decay, max_grad_norm=settings.max_grad_norm,
-            warmup_steps=settings.warmup_steps))
+            warmup_steps=settings.warmup_steps, loss_fn=loss_fn))
 
 
 def recover_model(model: nn.Module, open_batches: Callable[[], Iterator[dict]], settings: RecoverConfig, *,

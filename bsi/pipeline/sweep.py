@@ -58,7 +58,7 @@ from bsi.config import PROTOCOLS, PipelineConfig, SweepConfig, is_engine_method,
 from bsi.data import is_text_task
 from bsi.errors import BSIError
 from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, folder_lock
-from bsi.models import resolve_device, resolve_dtype
+from bsi.models import resolve_autocast, resolve_device, resolve_dtype
 from bsi.pipeline.evaluate import Evaluation, Metrics
 from bsi.pipeline.distributed import from_environment
 from bsi.pipeline.methods import BaselineConfig, get_method
@@ -222,6 +222,7 @@ class Sweep:
         settings = {k: v for k, v in self.settings.to_dict().items() if k not in grid}
         settings["baseline"] = self.baseline.to_dict()  # resolved: a changed default is another sweep
         config = self.config.to_dict() | {"seed": None, "preset": None, "device": "auto", "dtype": "auto"}
+        config.pop("autocast")  # where it runs, like the dtype (recorded per row); sweeps made before it keep their hash
         config.pop("dense_recovery")  # bsi compress's alone (refused here): sweeps made before it keep their hash
         if not self.is_text:  # the text settings change nothing else (and sweeps made before them keep their hash)
             for key in TEXT_SETTINGS:
@@ -326,9 +327,19 @@ class Sweep:
                            f"learning-rate grid); {advice}")
 
     def execution(self) -> dict[str, str]:
-        """Where this process runs the sweep: ``{"device": "cpu" | "cuda", "dtype": "float32" | ...}`` (resolved)."""
+        """Where this process runs the sweep: ``{"device": "cpu" | "cuda", "dtype": "float32" | ...}`` (resolved).
+
+        A float32 run whose training steps multiply in bf16 (``autocast``)
+        records ``float32+bf16-autocast``: another precision, never mixed
+        with plain float32 rows in one folder.
+        """
         device = resolve_device(self.config.device)
-        return {"device": device.type, "dtype": str(resolve_dtype(self.config.dtype, device)).removeprefix("torch.")}
+        dtype = resolve_dtype(self.config.dtype, device)
+        autocast = resolve_autocast(self.config.autocast, dtype)
+        label = str(dtype).removeprefix("torch.")
+        if autocast is not None:
+            label += f"+{str(autocast).removeprefix('torch.').replace('bfloat16', 'bf16')}-autocast"
+        return {"device": device.type, "dtype": label}
 
     def _check_precision(self, rows: list[StudyRow], device: str | None, dtype: str | None, what: str) -> None:
         """Refuse to put a row computed in ``dtype`` on ``device`` (a row's, or this run's :meth:`execution`, as
@@ -340,8 +351,10 @@ class Sweep:
             return
         theirs = sorted({row.dtype for row in rows if row.dtype} - {dtype})
         if theirs:
+            flag = (f"--dtype {theirs[0]}" if "autocast" not in theirs[0]
+                    else f"--dtype {theirs[0].split('+')[0]} --autocast on")
             raise BSIError(f"'{self.out_dir}' holds rows computed in {theirs[0]}, and {what} in {dtype} "
-                           f"(on {device}): one folder holds one precision; pass --dtype {theirs[0]} to extend "
+                           f"(on {device}): one folder holds one precision; pass {flag} to extend "
                            "it, else use a new --out folder")
 
     def write(self, *, summaries: bool = True) -> None:

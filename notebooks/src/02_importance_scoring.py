@@ -406,13 +406,16 @@ fig.update_layout(height=340, title="One probe, varying the perturbation intensi
 fig.show()
 nearest = min(range(len(rel_by_eps)), key=lambda n: abs(math.log(settings.eps_values[n] / eps)))
 lowest = min(range(len(rel_by_eps)), key=rel_by_eps.__getitem__)
+turn = ("keeps falling up to the largest eps tried: the third-order terms do not show in this range"
+        if lowest == len(rel_by_eps) - 1 else f"turns up again past {settings.eps_values[lowest]:.0e}: the third-order terms")
 print(f"error near the rule's eps ({settings.eps_values[nearest]:.0e}): {rel_by_eps[nearest]:.1e}; "
-      f"smallest error {rel_by_eps[lowest]:.1e} at eps = {settings.eps_values[lowest]:.0e}")
+      f"smallest error {rel_by_eps[lowest]:.1e} at eps = {settings.eps_values[lowest]:.0e}; the error {turn}")
 
 # %% [markdown]
-# *What to see:* the error falls as `eps` grows (less round-off) until the
-# third-order terms take over; the dotted line is the rule's `eps` from the
-# whole model's `sigma_max`.
+# *What to see:* the error falls as `eps` grows (less round-off). Third-order
+# terms make it rise again once `eps` is large enough; the line above says
+# whether this range reaches that point (exercise 2 tries 0.99). The dotted
+# line is the rule's `eps` from the whole model's `sigma_max`.
 #
 # ## 4. The candidate pool
 #
@@ -780,12 +783,12 @@ said = [
      f"+-{noise_band:.2f}; " + ", ".join(f"{r} {v:+.2f}" for r, v in entry["spearman"].items()) + "."),
     ("* **Whole cuts** (one run, one seed, " + f"{examples} held-out problems; intervals over the problems, not "
      "over training runs): "
-     + "; ".join(f"round {t + 1}: magnitude inside instead of bsi's choice "
+     + "; ".join(f"round {t + 1}: magnitude inside instead of bsi's choice: "
                  + verdict(v["bsi budgets, magnitude inside"], "raised the loss", "lowered the loss")
-                 + ", the mass rule's budgets instead of bsi's "
+                 + ", the mass rule's budgets instead of bsi's: "
                  + verdict(v["magnitude budgets, bsi inside"], "raised it", "lowered it")
-                 + ", random inside " + verdict(v["bsi budgets, random inside"], "raised it", "lowered it")
-                 + (", the untested gradient term (bsi-grad) " + verdict(v["bsi-grad"], "raised it", "lowered it")
+                 + ", random inside: " + verdict(v["bsi budgets, random inside"], "raised it", "lowered it")
+                 + (", the untested gradient term (bsi-grad): " + verdict(v["bsi-grad"], "raised it", "lowered it")
                     if "bsi-grad" in v else "")
                  for t, v in enumerate(versus)) + "."),
     (f"* **eps**: the rule's {eps:.1e} (from the whole model's sigma_max {sigma_max:.4g}) gave a one-probe error of "

@@ -56,7 +56,8 @@ display(Markdown("| method | kind | in a sweep it runs | what it keeps |\n|---|-
 # size is then recovered and evaluated on its own. Here the grid is cut to
 # fit a few minutes on a CPU: SVD-LLM (the strongest truncation method in the
 # shipped sweep) and bsi at one size, one seed, 16 test problems, the short
-# schedule of the library's `sweep-cpu` preset. With 16
+# schedule of the library's `sweep-cpu` preset after a 20-step fine-tune (the
+# preset's is 50; notebooks 02 and 03 share this one). With 16
 # problems one answer moves the accuracy by 6 points, so this run shows *how*
 # a comparison is made; section 3 reads the shipped sweep that has the
 # problems and seeds to say *which* method is ahead.
@@ -194,7 +195,7 @@ display(Markdown(comparison_markdown(result)))
 
 # %%
 at_small = sorted((r for r in rows if r["target"] == smallest), key=lambda r: (-r["accuracy"], r["loss"]))
-print(f"Result: {len(rows) - 1} models ({len(grid.methods)} methods x {len(grid.targets)} sizes); at "
+print(f"Result: {len(rows) - 1} models ({len(grid.methods)} methods x {len(grid.targets)} size{'s' if len(grid.targets) > 1 else ''}); at "
       f"{smallest:.0%}: " + ", ".join(f"{r['method']} {r['accuracy']:.0%} / {r['loss']:.3f}" for r in at_small)
       + f" (dense {rows[0]['accuracy']:.0%} / {rows[0]['loss']:.3f}); ran in {time.perf_counter() - start:.0f} s")
 outcome = {
@@ -280,8 +281,9 @@ lost = sum(bool(d) and not any(m[i] for m in others) for i, d in enumerate(dense
 slip = next((p for p in shown if p.answers[0].correct is False), None)
 said.append(
     f"* **The dense model is not the truth.** It gets {sum(bool(d) for d in dense_marks)} of {len(dense_marks)} right. "
-    f"Of the problems it gets wrong, {rescued} are right in at least one compressed model at {smallest:.0%}; of "
-    f"those it gets right, {lost} are wrong in every compressed model"
+    f"Of the problems it gets wrong, {rescued} {'is' if rescued == 1 else 'are'} right in at least one compressed "
+    f"model at {smallest:.0%}; of those it gets right, {lost} {'is' if lost == 1 else 'are'} wrong in every "
+    "compressed model"
     + (f"; in section 4 the dense model writes \"{slip.answers[0].answer.splitlines()[0]}\", marked wrong"
        if slip and slip.answers[0].answer else "") + ".")
 said.append(f"* **n and noise:** {stats['dense']['accuracy']['samples']} problems, one seed: one answer is "

@@ -268,14 +268,24 @@ print(f"Result: perplexity {before.perplexity:.2f} -> {after.perplexity:.2f} ({r
 # render:
 
 # %%
+def shipped_row(method, target, recovered=True):
+    """The shipped sweep's row of ``method`` at ``target``, after recovery or before."""
+    return next(r for r in shipped_rows if r.method == method and r.target == target and r.recovered == recovered)
+
+
 def shipped_ratio(method, target, recovered=True):
-    """A shipped model's perplexity over the shipped dense model's, on the sweep's 256 windows."""
-    row = next(r for r in shipped_rows if r.method == method and r.target == target and r.recovered == recovered)
-    return row.metrics.perplexity / shipped_rows[0].metrics.perplexity
+    """A shipped model's perplexity over the shipped dense model's, on the sweep's own 256 windows."""
+    return shipped_row(method, target, recovered).metrics.perplexity / shipped_rows[0].metrics.perplexity
 
 
-low, high = shipped_ratio("bsi", 0.8), shipped_ratio("bsi", 0.6)
-where = "above" if ratio > high else "within" if ratio >= low else "below"
+def ratio_here(method, target, recovered=True):
+    """The same ratio on this notebook's windows."""
+    return math.exp(on_these_windows(shipped_row(method, target, recovered)).estimate - shipped_dense)
+
+
+low, high = ratio_here("bsi", 0.8), ratio_here("bsi", 0.6)
+where = "above" if ratio > high else "between" if ratio >= low else "below"
+at_60 = math.exp(on_these_windows(shipped_row("bsi", 0.6)).estimate)
 separated = all(entry["vs_anchor"]["loss"]["excludes_zero"]
                 for method in ("svd-llm", "basel") for entry in shipped_stats["protocols"]["tuned"]["methods"][method].values())
 qa = general_text_costs().get("tour")
@@ -284,23 +294,29 @@ lines = [
     f"Keeping {now / dense:.0%} of the linear layers "
     f"({before.params_total / after.params_total:.2f}x fewer parameters in all) took the perplexity from "
     f"{before.perplexity:.1f} to {after.perplexity:.1f}: {ratio:.2f}x, or {after.loss - before.loss:+.2f} nats of loss "
-    f"per token; {worse} of the {n} windows got worse. The preset at full length costs {low:.2f}x at 80% and "
-    f"{high:.2f}x at 60% (shipped sweep, 256 windows); this shorter run at {now / dense:.0%} lands {where} that "
-    "range. Its fine-tune, pruning and recovery are all shorter than the preset's (the table at the top), and one "
-    "run cannot say which of the three costs what.",
-    f"* **Recovery matters.** In the shipped sweep, `bsi` at 60% is {shipped_ratio('bsi', 0.6, False):.2f}x the dense "
-    f"perplexity straight after pruning and {high:.2f}x after its 32 recovery steps; this run recovers for "
-    f"{len(recover)} steps.",
-    f"* **`bsi` against the other methods** (the shipped sweep, not this run): at 60% with recovery, SVD-LLM is "
-    f"{shipped_ratio('svd-llm', 0.6):.2f}x the dense perplexity and Basel {shipped_ratio('basel', 0.6):.2f}x, "
-    f"against `bsi`'s {high:.2f}x; the paired intervals on the loss difference "
+    f"per token; {worse} of the {n} windows got worse. On the same windows the preset at full length costs "
+    f"{low:.2f}x at 80% and {high:.2f}x at 60%; this run's {ratio:.2f}x at {now / dense:.0%} lies {where} those. In "
+    f"absolute terms it ends {'worse' if after.perplexity > at_60 else 'better'} than the preset's `bsi` at 60% "
+    f"({after.perplexity:.1f} against {at_60:.1f}){' although it keeps more of the layers' if now / dense > 0.61 else ''}: "
+    f"its {len(finetune)}-step "
+    f"fine-tune leaves a {'weaker' if before.perplexity > math.exp(shipped_dense) else 'stronger'} dense model "
+    f"({before.perplexity:.1f} against the preset's {math.exp(shipped_dense):.1f}), and its pruning and recovery are "
+    "shorter too (the table at the top); one run cannot say which of these costs what.",
+    f"* **Recovery matters.** In the shipped sweep, on the same windows, `bsi` at 60% is "
+    f"{ratio_here('bsi', 0.6, False):.2f}x the dense perplexity straight after pruning and {high:.2f}x after its 32 "
+    f"recovery steps; this run recovers for {len(recover)} steps.",
+    f"* **`bsi` against the other methods** (the shipped sweep on its 256 windows, not this run): at 60% with "
+    f"recovery, SVD-LLM is {shipped_ratio('svd-llm', 0.6):.2f}x the dense perplexity and Basel "
+    f"{shipped_ratio('basel', 0.6):.2f}x, against `bsi`'s {shipped_ratio('bsi', 0.6):.2f}x; the paired intervals on "
+    "the loss difference "
     f"{'exclude 0 at every size, for both' if separated else 'do not all exclude 0'} "
     "([docs/results/text.md](../docs/results/text.md)). That is one seed and 256 windows: the intervals cover which "
     "text was scored, not the spread between training runs.",
     f"* **The fine-tune {'moves the perplexity more than compression does' if untuned.perplexity / before.perplexity > ratio else 'moves the perplexity too'}.** "
     f"Before any fine-tune the embedded model scores {untuned.perplexity:.1f} on these windows, {untuned.perplexity / before.perplexity:.1f}x its fine-tuned "
-    f"perplexity ({len(finetune)} steps here, 60 in the preset). Much of what the fine-tune learns is this release's "
-    "form (`<unk>` for rare words, spaced punctuation). None of these figures compares with published WikiText-2 "
+    f"perplexity after {len(finetune)} steps (the preset's 60 steps reach {math.exp(shipped_dense):.1f}). The text is "
+    "in a form the model has likely not seen written this way (`<unk>` for rare words, spaced punctuation), and the "
+    "fine-tune adapts it. None of these figures compares with published WikiText-2 "
     "perplexities: another tokenizer, windows of 128 tokens, `<unk>` in the text.",
 ]
 if qa:
