@@ -75,7 +75,9 @@ def test_pipeline_runs_cut_only_the_work_of_their_preset(env, which):
             if f.name not in work.get(section, {}):
                 assert getattr(getattr(config, section), f.name) == getattr(getattr(reference, section), f.name)
     assert config.compress.size.mode == "target" == reference.compress.size.mode
-    assert set(work) <= {"eval_examples", "compress", "recover"}  # amounts of work, not the method
+    assert set(work) <= {"eval_examples", "finetune", "compress", "recover"}  # amounts of work, not the method
+    assert set(work.get("finetune", {})) <= {"steps", "warmup_steps"}  # a shorter fine-tune, never a longer one
+    assert config.finetune.steps <= reference.finetune.steps
     assert set(work.get("compress", {})) <= {"iters_per_epoch", "calibration_batches", "rounds"}
     assert config.eval_examples <= PRESETS[preset].get("eval_examples", config.eval_examples)
     extra = settings.pipeline_config({"compress": {"target_ratio": 0.5}})
