@@ -450,9 +450,8 @@ def compute_eps_rule(form: Form | PipelineConfig) -> Iterator[str]:
     rule's value (``Compressor.eps``).
     """
     from bsi.method.engine import Compressor
-    from bsi.models import cache_root
     from bsi.pipeline.losses import answer_token_loss
-    from bsi.pipeline.runner import Pipeline, finetune_cache_key
+    from bsi.pipeline.runner import Pipeline
 
     config = build_config(form) if isinstance(form, Form) else form
     rule = dataclasses.replace(config.compress.hutchinson, eps=None)  # the rule, whatever the field holds
@@ -461,8 +460,7 @@ def compute_eps_rule(form: Form | PipelineConfig) -> Iterator[str]:
     pipeline, compressor = Pipeline(config), None
     try:
         pipeline.load()
-        cached = (cache_root(pipeline.cache_dir) / "finetuned" / finetune_cache_key(config, pipeline.dtype, pipeline.autocast)
-                  / "config.json").is_file()
+        cached = (pipeline.finetune_folder / "config.json").is_file()
         if cached or config.skip_finetune or config.finetune.steps == 0:
             for _ in pipeline.finetune_stage():  # loads the cached fine-tune (or skips, as the run does)
                 pass

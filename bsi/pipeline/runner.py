@@ -336,13 +336,18 @@ class Pipeline:
         cfg = self.config
         return cfg.eval_windows != 0 if self.is_text else bool(cfg.eval_examples or cfg.eval_loss_examples)
 
+    @property
+    def finetune_folder(self) -> Path:
+        """Where this run's fine-tuned dense model is cached: under its :func:`finetune_cache_key`."""
+        return cache_root(self.cache_dir) / "finetuned" / finetune_cache_key(self.config, self.dtype, self.autocast)
+
     def finetune_stage(self) -> Iterator[Report]:
         """Stage 1: dense task fine-tuning, cached by a hash of its inputs."""
         cfg = self.config
         if cfg.skip_finetune or cfg.finetune.steps == 0:
             yield StageReport("finetune", "end", "skipped")
             return
-        folder = cache_root(self.cache_dir) / "finetuned" / finetune_cache_key(cfg, self.dtype, self.autocast)
+        folder = self.finetune_folder
         if self.dist.all_true((folder / "config.json").is_file()):  # all processes load it, or none
             self.model, _ = load_model_and_tokenizer(str(folder), dtype=self.dtype, device=self.device)
             yield StageReport("finetune", "end", str(folder), cached=True)
