@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from bsi.analysis.stats import Outcomes, paired_difference  # noqa: E402
+from bsi.analysis.stats import Outcomes, paired_difference
 
 
 def outcomes_of(folder: Path) -> dict[str, Outcomes]:

@@ -38,14 +38,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from common import machine  # noqa: E402
+from common import machine
 
-from bsi.analysis.ranking import spearman  # noqa: E402
-from bsi.config import PRESETS, make_config  # noqa: E402
-from bsi.files import atomic_write_json  # noqa: E402
-from bsi.models import cache_root  # noqa: E402
-from bsi.pipeline.runner import Pipeline, finetune_cache_key  # noqa: E402
-from bsi.reports import RoundReport  # noqa: E402
+from bsi.analysis.ranking import spearman
+from bsi.config import PRESETS, make_config
+from bsi.files import atomic_write_json
+from bsi.models import cache_root
+from bsi.pipeline.runner import Pipeline, finetune_cache_key
+from bsi.reports import RoundReport
 
 DTYPES = ("float32", "bfloat16")
 

@@ -49,18 +49,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from common import machine, open_first_round, real_batches  # noqa: E402
+from common import machine, open_first_round, real_batches
 
-from bsi.method.names import layer_block  # noqa: E402
-from bsi.errors import BSIError  # noqa: E402
-from bsi.method.curvature import (  # noqa: E402
+from bsi.errors import BSIError
+from bsi.method.curvature import (
     curvature_source,
     evaluation_mode,
     exact_gauss_newton_diagonal,
     exact_hessian_diagonal,
 )
-from bsi.method.theory import relative_error_by_probes  # noqa: E402
-from bsi.pipeline.losses import answer_logits, answer_token_loss  # noqa: E402
+from bsi.method.names import layer_block
+from bsi.method.theory import relative_error_by_probes
+from bsi.pipeline.losses import answer_logits, answer_token_loss
 
 
 def spread_positions(pool: torch.Tensor, sigma: torch.Tensor, count: int) -> torch.Tensor:

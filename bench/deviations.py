@@ -35,14 +35,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from bsi.analysis.stats import Outcomes, paired_difference, per_seed_differences, pooled_value, seed_interval  # noqa: E402
-from bsi.analysis.study import interval_text  # noqa: E402
-from bsi.config import make_config  # noqa: E402
-from bsi.files import atomic_write_json  # noqa: E402
-from bsi.pipeline.methods import BaselineConfig  # noqa: E402
-from bsi.pipeline.runner import Pipeline  # noqa: E402
-from bsi.runtime import keep_freed_memory  # noqa: E402
-from bsi.reports import DoneReport  # noqa: E402
+from bsi.analysis.stats import Outcomes, paired_difference, per_seed_differences, pooled_value, seed_interval
+from bsi.analysis.study import interval_text
+from bsi.config import make_config
+from bsi.files import atomic_write_json
+from bsi.pipeline.methods import BaselineConfig
+from bsi.pipeline.runner import Pipeline
+from bsi.reports import DoneReport
+from bsi.runtime import keep_freed_memory
 
 #: (label, method, compress overrides, baseline overrides, the row it is compared with)
 VARIANTS = [

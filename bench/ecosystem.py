@@ -33,16 +33,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-import torch  # noqa: E402
+import torch
 
-from bsi.analysis.stats import Outcomes, paired_difference  # noqa: E402
-from bsi.analysis.study import interval_text  # noqa: E402
-from bsi.data import load_task  # noqa: E402
-from bsi.files import atomic_write_json  # noqa: E402
-from bsi.models import load_model_and_tokenizer  # noqa: E402
-from bsi.pipeline.evaluate import evaluate  # noqa: E402
-from bsi.pipeline.export import load_compressed  # noqa: E402
-from bsi.pipeline.quantize import export_quantized, model_bytes, weights_bytes  # noqa: E402
+from bsi.analysis.stats import Outcomes, paired_difference
+from bsi.analysis.study import interval_text
+from bsi.data import load_task
+from bsi.files import atomic_write_json
+from bsi.models import load_model_and_tokenizer
+from bsi.pipeline.evaluate import evaluate
+from bsi.pipeline.export import load_compressed
+from bsi.pipeline.quantize import export_quantized, model_bytes, weights_bytes
 
 
 def load_any(folder: Path):
@@ -95,8 +95,8 @@ def main() -> int:
     if args.dense_folder:
         dense = Path(args.dense_folder).expanduser()
     else:  # the run's own fine-tuned model, from the fine-tune cache
-        from bsi.analysis.compare import run_reference
         from bsi.models import ensure_embedded_model
+        from bsi.pipeline.compare import run_reference
 
         reference = run_reference(args.compressed).model
         dense = ensure_embedded_model() if reference in ("embedded", "smollm2-135m-instruct") else Path(reference)

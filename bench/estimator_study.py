@@ -45,16 +45,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bsi.analysis.spectrum import hessian_blocks, prepare_layers, top_positions
 from bsi.data import BatchStream, load_task
 from bsi.errors import BSIError
-from bsi.method.curvature import evaluation_mode, hessian_vector_product, profile_batch, sigma_gradients, shifted_sigma
-from bsi.pipeline.losses import answer_token_loss
 from bsi.files import atomic_write_json, atomic_write_text
+from bsi.method.curvature import evaluation_mode, hessian_vector_product, profile_batch, shifted_sigma, sigma_gradients
 from bsi.method.scores import eps_rule, rademacher, symmetric_difference_hessian
-from bsi.models import load_model_and_tokenizer
 from bsi.method.surgery import tied_output_names
-from bsi.analysis.spectrum import hessian_blocks, prepare_layers, top_positions
 from bsi.method.theory import relative_error_by_probes
+from bsi.models import load_model_and_tokenizer
+from bsi.pipeline.losses import answer_token_loss
 
 MODES = (("fd", "model"), ("fd", "layer"), ("hvp", "model"), ("hvp", "layer"))
 DEFAULT_LAYERS = ("model.layers.16.self_attn.v_proj", "model.layers.22.mlp.down_proj", "model.layers.28.self_attn.o_proj")

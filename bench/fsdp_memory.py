@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common import machine, peak_rss_mib  # noqa: E402
+from common import machine, peak_rss_mib
 
 MIB = 2**20
 
@@ -98,7 +98,7 @@ def worker(model_dir: str, out: str, bases: str) -> None:
     dense = held_bytes(pipeline.model)
     rss_start = reset_peak_rss()
     basel, peak = 0, dense  # the stage starts from the whole dense model, on every process
-    for report in pipeline.compress():
+    for _ in pipeline.compress():
         held = held_bytes(pipeline.model)
         peak = max(peak, held)
         if not basel and basis_layers(pipeline.model) and not compressible_linear_names(pipeline.model):

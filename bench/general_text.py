@@ -12,7 +12,7 @@ perplexity and bits per byte), on the first ``--limit`` articles, for
 
 * every run folder given (``bsi compress --preset NAME --out FOLDER``);
 * each run's fine-tuned dense model, the model it compressed (from the
-  fine-tune cache, :func:`bsi.analysis.compare.run_reference`): a run's
+  fine-tune cache, :func:`bsi.pipeline.compare.run_reference`): a run's
   general-text cost is its perplexity against that one's;
 * the embedded model as shipped (unless ``--no-shipped``): what the task
   fine-tunes themselves cost.
@@ -36,9 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 
-from bsi.analysis.compare import run_reference, run_summary  # noqa: E402
-from bsi.files import atomic_write_json  # noqa: E402
-from bsi.pipeline.harness import check_lm_eval, run_lm_eval  # noqa: E402
+from bsi.files import atomic_write_json
+from bsi.pipeline.compare import run_reference, run_summary
+from bsi.pipeline.harness import check_lm_eval, run_lm_eval
 
 TASK = "bsi_wikitext2"
 

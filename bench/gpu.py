@@ -64,20 +64,20 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from common import interleave  # noqa: E402
+from common import interleave
 
-from bsi.config import CompressConfig, HutchinsonConfig, SizeRule  # noqa: E402
-from bsi.files import atomic_write_json  # noqa: E402
-from bsi.method.bases import thin_svd  # noqa: E402
-from bsi.method.engine import Compressor  # noqa: E402
-from bsi.method.curvature import profile_batch  # noqa: E402
-from bsi.method.layers import LowRankLinear  # noqa: E402
-from bsi.method.surgery import model_parameters, to_exported_form  # noqa: E402
-from bsi.models import enable_checkpointing  # noqa: E402
-from bsi.pipeline.export import load_compressed, write_model_files  # noqa: E402
-from bsi.pipeline.stages import recovery_parameters  # noqa: E402
-from bsi.pipeline.training import finetune  # noqa: E402
-from bsi.reports import RoundReport  # noqa: E402
+from bsi.config import CompressConfig, HutchinsonConfig, SizeRule
+from bsi.files import atomic_write_json
+from bsi.method.bases import thin_svd
+from bsi.method.curvature import profile_batch
+from bsi.method.engine import Compressor
+from bsi.method.layers import LowRankLinear
+from bsi.method.surgery import model_parameters, to_exported_form
+from bsi.models import enable_checkpointing
+from bsi.pipeline.export import load_compressed, write_model_files
+from bsi.pipeline.stages import recovery_parameters
+from bsi.pipeline.training import finetune
+from bsi.reports import RoundReport
 
 SECTIONS = ("train", "throughput", "inference", "e2e", "svd")
 #: the sections that run on any device (--device); the others need CUDA
@@ -250,7 +250,7 @@ def bench_train(args) -> dict:
         "profile_over_train": {n: med[n] / med["train_step"] for n in med if n != "train_step"},
         "train_tokens_per_s": tokens / med["train_step"], "memory": memory, "runs_s": times,
     }
-    del compressor, model, layers, stats
+    compressor = model = layers = stats = None  # freed before empty_cache (the closures above keep the names)
     torch.cuda.empty_cache()
     return result
 
@@ -302,7 +302,7 @@ def bench_throughput(args) -> dict:
               "ratio_vs_dense": {"basel_full_rank": full["ratio_vs_dense"], "basel_50pct_pruned": half["ratio_vs_dense"]},
               "pairs": {"full_rank": full, "pruned_50pct": half},
               "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
-    del compressor, basel, dense, dense_step
+    compressor = basel = dense = dense_step = None  # freed before empty_cache (the closures above keep the names)
     torch.cuda.empty_cache()
     return result
 

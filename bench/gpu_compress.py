@@ -59,13 +59,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from common import machine  # noqa: E402
+from common import machine
 
-from bsi.config import PRESETS, make_config  # noqa: E402
-from bsi.errors import BSIError  # noqa: E402
-from bsi.files import atomic_write_json  # noqa: E402
-from bsi.pipeline.runner import Pipeline  # noqa: E402
-from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport  # noqa: E402
+from bsi.config import PRESETS, make_config
+from bsi.errors import BSIError
+from bsi.files import atomic_write_json
+from bsi.pipeline.runner import Pipeline
+from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
 
 DEFAULT_RUNS = "default:bfloat16,default:float32,demo:bfloat16,demo:float32"
 DTYPES = ("float32", "bfloat16", "float16")

@@ -37,12 +37,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 
-from bsi.analysis.stats import (Outcomes, paired_difference, per_seed_differences, seed_interval,  # noqa: E402
-                                value_interval)
-from bsi.analysis.study import folder_loader, interval_text  # noqa: E402
-from bsi.config import PRESET_COSTS  # noqa: E402
-from bsi.errors import BSIError  # noqa: E402
-from bsi.results import StudyRow, read_study_rows  # noqa: E402
+from bsi.analysis.stats import Outcomes, paired_difference, per_seed_differences, seed_interval, value_interval
+from bsi.analysis.study import folder_loader, interval_text
+from bsi.config import PRESET_COSTS
+from bsi.errors import BSIError
+from bsi.results import StudyRow, read_study_rows
 
 STAGES = ("load", "finetune", "conversion", "rounds", "recovery", "evaluation", "save")
 

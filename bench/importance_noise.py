@@ -39,11 +39,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from common import open_first_round, real_batches  # noqa: E402
+from common import open_first_round, real_batches
 
-from bsi.method.curvature import GradientOnly, curvature_source, evaluation_mode  # noqa: E402
-from bsi.method.scores import SCORES  # noqa: E402
-from bsi.pipeline.losses import answer_token_loss  # noqa: E402
+from bsi.method.curvature import GradientOnly, curvature_source, evaluation_mode
+from bsi.method.scores import SCORES
+from bsi.pipeline.losses import answer_token_loss
 
 
 def spearman(a: torch.Tensor, b: torch.Tensor) -> float:

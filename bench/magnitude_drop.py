@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from bsi.data import load_task  # noqa: E402
-from bsi.pipeline.evaluate import dataset_loss  # noqa: E402
-from bsi.models import load_model_and_tokenizer  # noqa: E402
-from bsi.method.surgery import to_basis_form  # noqa: E402
+from bsi.data import load_task
+from bsi.method.surgery import to_basis_form
+from bsi.models import load_model_and_tokenizer
+from bsi.pipeline.evaluate import dataset_loss
 
 
 def drop_smallest(sigma: torch.Tensor, share: float) -> torch.Tensor:

@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from bsi.analysis.ranking import RANKINGS, measure_round  # noqa: E402
-from bsi.config import make_config  # noqa: E402
-from bsi.files import atomic_write_json  # noqa: E402
-from bsi.pipeline.evaluate import dataset_loss  # noqa: E402
-from bsi.pipeline.runner import Pipeline  # noqa: E402
-from bsi.runtime import keep_freed_memory  # noqa: E402
-from bsi.reports import RoundReport  # noqa: E402
+from bsi.analysis.ranking import RANKINGS, measure_round
+from bsi.config import make_config
+from bsi.files import atomic_write_json
+from bsi.pipeline.evaluate import dataset_loss
+from bsi.pipeline.runner import Pipeline
+from bsi.reports import RoundReport
+from bsi.runtime import keep_freed_memory
 
 DEFAULT_LAYERS = ("model.layers.4.self_attn.q_proj", "model.layers.15.mlp.down_proj")
 

@@ -40,14 +40,14 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from common import interleave, load_embedded, machine, peak_rss_mib, real_batches, tokens_in  # noqa: E402
+from common import interleave, load_embedded, machine, peak_rss_mib, real_batches, tokens_in
 
-from bsi.config import CompressConfig, HutchinsonConfig, SizeRule, make_config  # noqa: E402
-from bsi.method.engine import Compressor  # noqa: E402
-from bsi.method.curvature import profile_batch  # noqa: E402
-from bsi.pipeline.losses import answer_token_loss  # noqa: E402
-from bsi.method.layers import BasisLinear  # noqa: E402
-from bsi.method.surgery import to_basis_form, basis_layers, compressible_parameters, model_parameters, to_exported_form  # noqa: E402
+from bsi.config import CompressConfig, HutchinsonConfig, SizeRule, make_config
+from bsi.method.curvature import profile_batch
+from bsi.method.engine import Compressor
+from bsi.method.layers import BasisLinear
+from bsi.method.surgery import basis_layers, compressible_parameters, model_parameters, to_basis_form, to_exported_form
+from bsi.pipeline.losses import answer_token_loss
 
 SECTIONS = ("profiling", "throughput", "inference", "memory", "preset")
 

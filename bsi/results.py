@@ -14,10 +14,11 @@ This module imports nothing heavy (no torch), so reading a result is fast.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass, field
 import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from bsi.errors import BSIError
 from bsi.files import json_object
@@ -50,7 +51,7 @@ class Metrics:
         return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> "Metrics | None":
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Metrics | None:
         """The metrics of a ``to_dict`` (None stays None)."""
         if data is None:
             return None
@@ -164,7 +165,7 @@ class RunSummary:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunSummary":
+    def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
         """A summary read back from ``summary.json`` (or a ``DoneReport``); keys written later default when absent.
 
         Raises:
@@ -323,7 +324,7 @@ class StudyRow:
         return {k: v for k, v in self.to_dict().items() if not k.endswith("_seconds")}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], needs: Sequence[str] = STUDY_ROW_NEEDS) -> "StudyRow":
+    def from_dict(cls, data: Mapping[str, Any], needs: Sequence[str] = STUDY_ROW_NEEDS) -> StudyRow:
         """A row read back from a ``results.jsonl`` line (keys written later default when absent).
 
         Raises:

@@ -12,7 +12,6 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-
 #: The test tiers, one pytest marker each (``make test-fast``, ``make test-integration``, ``make test-e2e``; ``make
 #: test`` runs them all). ``unit``: maths, statistics, configuration, data and docs, on tensors and text, no model
 #: beyond a few toy layers (under a minute on 2 cores). ``e2e``: a real browser, executed notebooks, the real
@@ -20,7 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 #: built from configs.
 UNIT_FILES = frozenset({"test_theory.py", "test_stats.py", "test_estimator.py", "test_importance.py", "test_layers.py",
                         "test_imports.py", "test_config.py", "test_progress.py", "test_data.py", "test_docs.py",
-                        "test_text.py", "test_results.py", "test_links.py"})
+                        "test_text.py", "test_results.py", "test_links.py", "test_style.py"})
 E2E_FILES = frozenset({"test_app_browser.py", "test_notebooks.py", "test_walkthroughs.py", "test_real_model.py"})
 TIERS = ("unit", "integration", "e2e")
 

@@ -20,11 +20,12 @@ import torch
 
 from bsi.analysis import answers
 from bsi.analysis.answers import CATEGORIES, SweepAnswers, category, read_run_answers, rebuild_problems
-from bsi.analysis.compare import Prompt, comparison_markdown, find_reference, read_marked_prompts, run_reference
+from bsi.analysis.compare import Prompt, comparison_markdown, read_marked_prompts
 from bsi.cli import main
 from bsi.cli.commands import summary_table
 from bsi.config import PRESET_COSTS, PRESETS, make_config, make_sweep_config
 from bsi.errors import BSIError
+from bsi.pipeline.compare import find_reference, run_reference
 from bsi.pipeline.runner import Pipeline
 from bsi.pipeline.sweep import Sweep, problems_file
 from bsi.shipped import ship_run, ship_sweep, shipped_run, shipped_sweep
@@ -168,7 +169,7 @@ def test_a_sweep_stores_its_problems_and_shows_every_models_answer(folders):
         sweep.problem(10_000)
     with pytest.raises(BSIError, match="holds no method 'svd'"):
         sweep.beats("bsi", ["svd"], 0.6)
-    with pytest.raises(BSIError, match="holds no bsi model at 0.4 for seed 0 \(bsi.s sizes: 0.6\)"):
+    with pytest.raises(BSIError, match=r"holds no bsi model at 0.4 for seed 0 \(bsi.s sizes: 0.6\)"):
         sweep.beats("bsi", ["basel"], 0.4)
 
 
@@ -289,7 +290,7 @@ def test_compare_refuses_a_reference_that_is_not_a_run_before_loading(folders, t
 # ------------------------------------------------------------------ what each preset costs
 def test_every_preset_states_its_measured_cost_or_none():
     assert set(PRESET_COSTS) == set(PRESETS)
-    for name, cost in PRESET_COSTS.items():
+    for cost in PRESET_COSTS.values():
         assert cost.command in ("bsi compress", "bsi sweep") and cost.gives_up
         measured = [s for s in (cost.cached_seconds, cost.uncached_seconds) if s is not None]
         assert all(s > 0 for s in measured) and (cost.measured is not None) == bool(measured)

@@ -20,18 +20,29 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 import pytest
-from conftest import smoke_app
 import torch
+from conftest import smoke_app
 
 from bsi.analysis import figures
 from bsi.app import chat, compare, inspect, spectra
-from bsi.app.form import (KNOBS, RATIOS, SIZE_MODES, Form, build_config, checkpoint_progress, compute_eps_rule, eps_note,
-                          eps_rule_text, size_mode_line, validate_upload)
+from bsi.app.form import (
+    KNOBS,
+    RATIOS,
+    SIZE_MODES,
+    Form,
+    build_config,
+    checkpoint_progress,
+    compute_eps_rule,
+    eps_note,
+    eps_rule_text,
+    size_mode_line,
+    validate_upload,
+)
 from bsi.app.format import in_app_words, number_text, significant
 from bsi.app.job import cancel_job, run_job
 from bsi.app.layout import startup_lines
 from bsi.app.state import JobBoard, LoadedModel, Session
-from bsi.config import CompressConfig, PRESETS, RecoverConfig, SizeRule, field_help, flat_fields, make_config
+from bsi.config import PRESETS, CompressConfig, RecoverConfig, SizeRule, field_help, flat_fields, make_config
 from bsi.errors import BSIError
 from bsi.method import theory
 from bsi.method.scores import eps_rule
@@ -253,11 +264,13 @@ def test_cancel_stops_within_a_step(tmp_path, monkeypatch):
     jobs = run_job(board, session, Form.for_preset("smoke"), min_interval=0)
     first = next(jobs)
     assert "Starting" in first.status and board.busy
-    steps_seen = None
+    steps_seen, views = None, [first]
     for view in jobs:
+        views.append(view)
         if session.steps and steps_seen is None:
             assert "Cancelling" in cancel_job(session)
             steps_seen = len(session.steps)
+    view = views[-1]
     assert view.status.startswith("**Cancelled.**") and "Resume" not in view.status  # nothing was saved
     assert len(session.steps) <= steps_seen + 1  # at most the step already under way
     assert not board.busy and not session.running and session.compressed is None
@@ -269,9 +282,12 @@ def test_cancelled_run_offers_resume_and_resume_finishes_it(tmp_path, monkeypatc
     out = tmp_path / "run"
     form = dataclasses.replace(Form.for_preset("smoke"), out_dir=str(out))
     session, board = Session(), JobBoard()
+    views = []
     for view in run_job(board, session, form, min_interval=0):
+        views.append(view)
         if session.rounds and not session.cancel_requested:
             cancel_job(session)  # after round 1, inside round 2
+    view = views[-1]
     assert "Cancelled** after round 1 of 2" in view.status and "Resume" in view.status, view.status
     assert checkpoint_progress(out) == (1, 2)
     refused = list(run_job(board, Session(), form))  # Start would throw the checkpoint away: refused
@@ -389,7 +405,7 @@ def test_calculator_is_the_theory_modules_bound():
 def test_inspect_measures_a_layers_candidates_in_the_model_of_that_round(finished):
     session, _, _ = finished
     report = session.rounds[-1]
-    layer = next(l for l in report.layers if l.pool.numel() >= 4)
+    layer = next(layer for layer in report.layers if layer.pool.numel() >= 4)
     views = list(inspect.measure(session, report.round, layer.name, count=4))
     assert all("Measuring" in text and fig is None for text, fig in views[:-1]) and len(views) == 5
     text, fig = views[-1]

@@ -25,8 +25,8 @@ import time
 from dataclasses import astuple
 
 import pytest
-from conftest import smoke_app
 import torch
+from conftest import smoke_app
 
 from bsi.app.form import Form
 from bsi.app.job import run_job

@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bsi.config import make_config
+from bsi.errors import BSIError
 from bsi.method.bases import weighted_svd
+from bsi.method.layers import BasisLinear
 from bsi.method.schedule import LayerShape
+from bsi.models import load_model_and_tokenizer
 from bsi.pipeline.baselines import (
     activation_scales,
     example_row_norms,
@@ -16,13 +20,9 @@ from bsi.pipeline.baselines import (
     sensitivity_ranks,
     uniform_ranks,
 )
-from bsi.config import make_config
-from bsi.errors import BSIError
-from bsi.method.layers import BasisLinear
+from bsi.pipeline.losses import answer_token_loss
 from bsi.pipeline.methods import METHODS, BaselineConfig, get_method
 from bsi.pipeline.runner import Pipeline
-from bsi.models import load_model_and_tokenizer
-from bsi.pipeline.losses import answer_token_loss
 from bsi.reports import SizeReport
 
 

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bsi.config import PRESETS
-
 from bsi.cli import COMMANDS, build_parser, crash_message, is_out_of_memory, main, memory_advice
+from bsi.config import PRESETS
 
 TINY = "tiny-random-llama"
 SHIPPED = Path(__file__).resolve().parents[1] / "data"  # the runs and sweeps that ship with bsi

@@ -3,8 +3,18 @@ import json
 
 import pytest
 
-from bsi.config import (DEFAULT_RATIOS, PRESETS, CompressConfig, HutchinsonConfig, PipelineConfig, SizeRule, flat_fields,
-                        flat_value, implied_updates, make_config)
+from bsi.config import (
+    DEFAULT_RATIOS,
+    PRESETS,
+    CompressConfig,
+    HutchinsonConfig,
+    PipelineConfig,
+    SizeRule,
+    flat_fields,
+    flat_value,
+    implied_updates,
+    make_config,
+)
 from bsi.errors import BSIError
 
 

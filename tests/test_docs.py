@@ -126,10 +126,10 @@ def test_the_module_map_lists_every_module_with_its_docstring(tmp_path):
     (package / "sub" / "__init__.py").write_text('"""A sub-package."""\n')
     (package / "sub" / "two.py").write_text('"""Two things."""\nclass _Hidden: ...\n')
     assert module_map(tmp_path).splitlines()[2:] == [
-        "| `bsi/__init__.py` | The package |  |",
-        "| `bsi/one.py` | One thing: `Thing` and `code` | `Thing` |",
-        "| **`bsi/sub/`** | A sub-package |  |",
-        "| `two.py` | Two things |  |",
+        "| `bsi/__init__.py` | 1 | The package |  |",
+        "| `bsi/one.py` | 4 | One thing: `Thing` and `code` | `Thing` |",
+        "| **`bsi/sub/`** | 3 | A sub-package |  |",  # a package counts the lines of all its modules
+        "| `two.py` | 2 | Two things |  |",
     ]
     (package / "three.py").write_text("x = 1\n")
     with pytest.raises(ValueError, match="three.py has no docstring"):

@@ -5,8 +5,8 @@ import torch
 from conftest import lm_loss, make_tiny_llama, token_batches
 
 from bsi.config import CompressConfig, HutchinsonConfig, SizeRule
-from bsi.method.engine import Compressor
 from bsi.errors import BSIError
+from bsi.method.engine import Compressor
 from bsi.method.surgery import (
     compressible_linear_names,
     compressible_parameters,

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from bsi.data import BatchStream, Example, collate, encode_example, encode_prompt, stop_token_ids
-from bsi.pipeline.losses import answer_token_loss
-from bsi.pipeline.evaluate import Metrics, answer_line_complete, dataset_loss, evaluate, generate_answers
 from bsi.models import TINY_MODEL, load_model_and_tokenizer
+from bsi.pipeline.evaluate import Metrics, answer_line_complete, dataset_loss, evaluate, generate_answers
+from bsi.pipeline.losses import answer_token_loss
 from bsi.pipeline.training import finetune
 
 EXAMPLES = [

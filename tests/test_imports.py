@@ -165,20 +165,60 @@ def test_the_cycle_finder_sees_lazy_imports_and_skips_type_checking(tmp_path):
 
 
 #: docs/architecture.md's layers, bottom up: a module may import its own layer or a lower one, never a higher one.
-LAYERS = {"bsi.method": 0, "bsi.pipeline": 1, "bsi.cli": 2, "bsi.app": 2, "bsi.teaching": 2}
+#: Every module of bsi has a layer (a test checks it): the longest name here that is the module or a package above
+#: it gives it; ``bsi`` itself (lazy attributes, no import) is matched by that name only.
+LAYERS = {
+    # 0, the foundation: errors, safe files, the hub check, units, process settings, typed reports and results
+    "bsi.errors": 0, "bsi.files": 0, "bsi.hub": 0, "bsi.units": 0, "bsi.runtime": 0, "bsi.reports": 0,
+    "bsi.results": 0,
+    "bsi.config": 1,  # settings, presets, the method registry: no torch
+    "bsi.data": 2,  # tasks, texts, batches
+    "bsi.method": 3,  # the maths and the engine
+    "bsi.analysis": 4,  # statistics, tables, figures, spectra: numbers in, numbers out
+    # 5, the run: stages, methods, evaluation, files; loading a model by name (a name may be a compressed folder,
+    # which the export format reads) and chatting with it
+    "bsi.pipeline": 5, "bsi.models": 5, "bsi.chat": 5,
+    # 6, the surfaces: what a user drives
+    "bsi.cli": 6, "bsi.app": 6, "bsi.teaching": 6, "bsi.shipped": 6, "bsi.progress": 6, "bsi.__main__": 6, "bsi": 6,
+}
+
+#: The surfaces a user drives: they ask the pipeline for what they show, they never build the engine themselves.
+SURFACES = ("bsi.cli", "bsi.app", "bsi.teaching")
 
 
 def layer_of(module: str) -> int | None:
-    """The layer of a module (None for the modules that serve every layer: config, reports, data, models, ...)."""
-    return next((level for prefix, level in LAYERS.items() if module == prefix or module.startswith(prefix + ".")),
-                None)
+    """The layer of a module (see :data:`LAYERS`); None when none is given (a test fails on that)."""
+    found = [prefix for prefix in LAYERS if module == prefix or (prefix != "bsi" and module.startswith(prefix + "."))]
+    return LAYERS[max(found, key=len)] if found else None
+
+
+def test_every_module_has_a_layer():
+    missing = sorted(name for name in import_graph() if layer_of(name) is None)
+    assert not missing, f"modules without a layer in tests/test_imports.py LAYERS: {missing}"
 
 
 def test_nothing_imports_upwards():
-    """bsi.method never imports bsi.pipeline or a surface; bsi.pipeline never imports a surface."""
+    """Each module imports its own layer or lower ones: bsi.method never a pipeline or surface module, and so on."""
     upwards = sorted(f"{a} -> {b}" for a, targets in import_graph().items() for b in targets
-                     if layer_of(a) is not None and layer_of(b) is not None and layer_of(b) > layer_of(a))
+                     if layer_of(b) > layer_of(a))
     assert not upwards, f"imports against the layers of docs/architecture.md: {upwards}"
+
+
+def test_the_layer_reader_orders_modules_by_their_longest_prefix():
+    assert layer_of("bsi") == 6 and layer_of("bsi.config.presets") == 1 and layer_of("bsi.models") == 5
+    assert layer_of("bsi.method.engine") == 3 and layer_of("bsi.nothing") is None
+
+
+def test_a_surface_never_constructs_the_engine():
+    """The dashboard, the command line and the notebooks' helpers go through the pipeline, never the Compressor.
+
+    Read from the source: no surface module imports :mod:`bsi.method.engine`
+    (where :class:`~bsi.method.engine.Compressor` lives), even lazily.
+    """
+    graph = import_graph()
+    builders = sorted(name for name, targets in graph.items()
+                      if name.startswith(SURFACES) and "bsi.method.engine" in targets)
+    assert not builders, f"surfaces that import the engine (ask bsi.pipeline instead): {builders}"
 
 
 def test_the_test_tiers_name_real_files_and_the_fast_tier_builds_no_model():

@@ -120,8 +120,8 @@ def test_no_round_removes_far_more_than_its_share(size):
 
 
 def test_distillation_loss_is_the_task_loss_when_teacher_and_student_agree_and_kl_has_its_value():
-    from bsi.models import build_tiny_model
     from bsi.data import BatchStream, generate_math_problems
+    from bsi.models import build_tiny_model
 
     model, tokenizer = build_tiny_model()
     batch = next(BatchStream(generate_math_problems(8, seed=0), tokenizer, batch_size=4, max_length=96))

@@ -6,14 +6,13 @@ import copy
 
 import pytest
 import torch
+from conftest import LMLoss, make_tiny_llama
 
 from bsi.analysis.ranking import RoundSnapshots, measure_round, removed, spearman, spread_sample
 from bsi.config import CompressConfig, SizeRule
 from bsi.method.engine import Compressor
 from bsi.method.schedule import smallest_within
 from bsi.method.surgery import basis_layers
-
-from conftest import LMLoss, make_tiny_llama
 
 lm_loss = LMLoss()
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from bsi.cli import main
-from bsi.pipeline.export import load_compressed
 from bsi.models import EMBEDDED_MODEL, load_model_and_tokenizer
+from bsi.pipeline.export import load_compressed
 
 pytestmark = pytest.mark.slow
 

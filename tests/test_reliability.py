@@ -112,8 +112,8 @@ def test_pickled_weights_are_refused_never_loaded(tmp_path, tiny):
 
 
 def test_compressed_folder_with_pickle_instead_of_safetensors(tmp_path, tiny):
-    from bsi.pipeline.export import save_compressed
     from bsi.method.surgery import to_basis_form
+    from bsi.pipeline.export import save_compressed
 
     model, tokenizer = load_model_and_tokenizer(TINY_MODEL)
     to_basis_form(model, aux_rank=0, seed=0)

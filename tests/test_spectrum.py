@@ -3,21 +3,20 @@ import math
 
 import pytest
 import torch
+from conftest import lm_loss, make_tiny_llama, token_batches
 from torch import nn
 
 from bsi.analysis import spectrum
-from bsi.method import theory
 from bsi.cli import main
-from bsi.errors import BSIError
 from bsi.data import BatchStream, load_task
+from bsi.errors import BSIError
+from bsi.method import theory
 from bsi.method.curvature import eager_attention, hessian_vector_product, profile_batch, sigma_gradients
 from bsi.method.layers import BasisLinear
 from bsi.method.names import layer_block, layer_kind
-from bsi.models import build_tiny_model, load_model_and_tokenizer
 from bsi.method.surgery import to_basis_form
+from bsi.models import build_tiny_model, load_model_and_tokenizer
 from bsi.pipeline.losses import answer_token_loss
-
-from conftest import lm_loss, make_tiny_llama, token_batches
 
 
 def _linear_model(seed=0, n_in=10, n_out=8) -> nn.Sequential:

@@ -24,7 +24,7 @@ from bsi.results import StudyRow
 
 def outcomes(correct, losses, tokens=None):
     tokens = tokens or [10] * len(losses)
-    return Outcomes(tuple(correct), tuple(l * t for l, t in zip(losses, tokens)), tuple(tokens))
+    return Outcomes(tuple(correct), tuple(loss * t for loss, t in zip(losses, tokens)), tuple(tokens))
 
 
 def noisy(n, accuracy, loss, seed):
@@ -42,7 +42,7 @@ def test_a_model_against_itself_differs_by_exactly_zero():
 def test_a_clearly_better_model_has_an_interval_that_excludes_zero():
     worse = [noisy(300, 0.5, 1.0, s) for s in range(2)]
     better = [outcomes([c or random.Random(i).random() < 0.6 for i, c in enumerate(w.correct)],
-                       [l / t * 0.7 for l, t in zip(w.loss_sum, w.tokens)]) for w in worse]
+                       [loss / t * 0.7 for loss, t in zip(w.loss_sum, w.tokens)]) for w in worse]
     acc = paired_difference(better, worse, "accuracy")
     loss = paired_difference(better, worse, "loss")
     assert acc.estimate > 0 and acc.low > 0 and acc.excludes_zero
@@ -97,7 +97,7 @@ def test_study_stats_and_table_mark_the_differences_that_exclude_zero():
     for s in (0, 1):
         runs[("bsi", 0.4, s)] = noisy(200, 0.7, 0.2, 20 + s)
         strong = runs[("bsi", 0.4, s)]
-        runs[("svd", 0.4, s)] = outcomes([False] * 200, [l / t * 3 for l, t in zip(strong.loss_sum, strong.tokens)])
+        runs[("svd", 0.4, s)] = outcomes([False] * 200, [loss / t * 3 for loss, t in zip(strong.loss_sum, strong.tokens)])
     rows = [StudyRow.from_dict({"method": m, "target": t, "seed": s,
                                 "protocol": {"dense": "dense", "svd": "published"}.get(m, "tuned"),
                                 "outcomes": f"{m}-{t}-{s}", "params_total": 100 if m == "dense" else 50,

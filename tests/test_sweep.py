@@ -8,13 +8,13 @@ import shutil
 
 import pytest
 
+from bsi.analysis.speed import measure_speeds
 from bsi.cli import main
 from bsi.config import SweepConfig, make_config, make_sweep_config
-from bsi.pipeline.runner import Pipeline
 from bsi.models import load_model_and_tokenizer
-from bsi.reports import StageReport
-from bsi.analysis.speed import measure_speeds
+from bsi.pipeline.runner import Pipeline
 from bsi.pipeline.sweep import CellReport, LearningRateReport, Sweep
+from bsi.reports import StageReport
 
 
 def tiny_config(**over):

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from bsi.analysis.study import folder_loader, study_stats
-from bsi.results import read_study_rows
 from bsi.app import compare, spectra
 from bsi.app.form import Form, build_config, upload_message, validate_upload
 from bsi.app.job import run_job
@@ -30,6 +29,7 @@ from bsi.models import build_tiny_model
 from bsi.pipeline.perplexity import measure_perplexity
 from bsi.pipeline.runner import Pipeline, finetune_cache_key
 from bsi.reports import RoundReport
+from bsi.results import read_study_rows
 
 TEXT = ["--preset", "smoke", "--data", "wikitext-2", "--window", "64", "--eval-windows", "8", "--quiet"]
 
@@ -184,7 +184,7 @@ def test_a_text_sweep_has_rows_before_and_after_recovery_with_per_window_outcome
     assert dense["method"] == "dense" and dense["perplexity_protocol"]["windows"] == 12
     cells = {(r["method"], r["recover_steps"]): r for r in rows[1:]}
     assert set(cells) == {("svd", 0), ("svd", 4), ("bsi", 0), ("bsi", 4)}
-    for (method, steps), row in cells.items():
+    for (_, steps), row in cells.items():
         assert row["perplexity"] == pytest.approx(math.exp(row["loss"])) and row["loss_examples"] == 12
         outcomes = json.loads((text_sweep / row["outcomes"]).read_text())
         assert len(outcomes["tokens"]) == 12 and set(outcomes["correct"]) == {None} and set(outcomes["tokens"]) == {63}

@@ -3,8 +3,9 @@ import math
 import pytest
 import torch
 
-from bsi.method import scores as importance, theory
 from bsi.errors import BSIError
+from bsi.method import scores as importance
+from bsi.method import theory
 
 
 def test_zeta_and_harmonic_numbers_match_closed_forms():

@@ -37,7 +37,8 @@ from typing import Any
 
 from bsi.errors import BSIError
 from bsi.files import json_object
-from bsi.results import REFERENCE as SWEEP_REFERENCE, StudyRow, read_study_rows
+from bsi.results import REFERENCE as SWEEP_REFERENCE
+from bsi.results import StudyRow, read_study_rows
 
 #: The categories of a problem answered by both models, in the order they are shown.
 CATEGORIES = ("lost", "gained", "both-right", "both-wrong")
@@ -387,8 +388,8 @@ def read_sweep_answers(folder: str | Path, protocol: str | None = None) -> Sweep
 def rebuild_problems(config: dict[str, Any], seed: int | None = None) -> dict[str, list]:
     """The test problems a run or sweep configuration evaluates on, rebuilt from its data (no model): question/answer lists.
 
-    For folders that did not store them (runs and sweeps before 2026-11-26):
-    the split is a pure function of the data, ``test_size`` and the seed.
+    For run and sweep folders that hold no problems file: the split is a pure
+    function of the data, ``test_size`` and the seed.
     """
     from bsi.data import load_task
 

@@ -379,7 +379,8 @@ class SpectrumAnalysis:
             comes back as it was.
         layer_names: names from :func:`select_layers`.
         batches: the mini-batches to average over.
-        loss_fn: ``loss_fn(model, batch) -> scalar``, by default the answer-token loss.
+        loss_fn: ``loss_fn(model, batch) -> scalar``: the task loss, such as
+            :func:`bsi.pipeline.losses.answer_token_loss` (the surfaces pass it).
         top_k: sigmas per layer (the k largest).
         error, delta: the (e, delta) guarantee for the probes-needed column.
 
@@ -388,7 +389,7 @@ class SpectrumAnalysis:
     """
 
     def __init__(self, model: nn.Module, layer_names: Sequence[str], batches: Sequence[dict],
-                 loss_fn: LossFn | None = None, top_k: int = 16, error: float = 0.1, delta: float = 0.1,
+                 loss_fn: LossFn, top_k: int = 16, error: float = 0.1, delta: float = 0.1,
                  meta: dict | None = None) -> None:
         if top_k < 1:
             raise BSIError(f"top-k must be >= 1, got {top_k}")
@@ -398,10 +399,6 @@ class SpectrumAnalysis:
             raise BSIError("no layer chosen for the spectrum")
         if not error > 0 or not 0 < delta < 1:
             raise BSIError(f"need error > 0 and 0 < delta < 1, got error={error}, delta={delta}")
-        if loss_fn is None:
-            from bsi.pipeline.losses import answer_token_loss
-
-            loss_fn = answer_token_loss
         self.model, self.names, self.batches, self.loss_fn = model, list(layer_names), list(batches), loss_fn
         self.top_k, self.error, self.delta, self.meta = top_k, error, delta, dict(meta or {})
 

@@ -77,7 +77,7 @@ def measure_speeds(models: Mapping[str, nn.Module], tokenizer: Any, prompt: str 
     full: dict[str, list[float]] = {n: [] for n in models}
     one: dict[str, list[float]] = {n: [] for n in models}
     with torch.inference_mode():
-        for name, model in models.items():  # warm-up: allocator, kernels, caches
+        for model in models.values():  # warm-up: allocator, kernels, caches
             _timed_generate(model.eval(), ids.to(_device(model)), 2, pad)
         for _ in range(repeats):
             for name, model in models.items():

@@ -48,7 +48,7 @@ class Outcomes:
     tokens: tuple[int, ...]
 
     @classmethod
-    def from_columns(cls, columns: Mapping[str, Sequence]) -> "Outcomes":
+    def from_columns(cls, columns: Mapping[str, Sequence]) -> Outcomes:
         out = cls(tuple(columns["correct"]), tuple(float(v) for v in columns["loss_sum"]),
                   tuple(int(v) for v in columns["tokens"]))
         if not len(out.correct) == len(out.loss_sum) == len(out.tokens):

@@ -35,8 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bsi.analysis.stats import (Outcomes, paired_difference, per_seed_differences, seed_interval,
-                                value_interval)
+from bsi.analysis.stats import Outcomes, paired_difference, per_seed_differences, seed_interval, value_interval
 from bsi.results import REFERENCE, StudyRow
 
 PUBLISHED = "published"  # the protocol label of the truncation methods' rows
@@ -168,10 +167,6 @@ def study_stats(rows: Sequence[StudyRow], load: OutcomeLoader, protocols: Sequen
 
 
 # ------------------------------------------------------------------ tables
-def _pct(value: float) -> str:
-    return "-" if not math.isfinite(value) else f"{100 * value:.1f}"
-
-
 def interval_text(entry: Mapping[str, Any], scale: float, digits: int, signed: bool = False) -> str:
     """``estimate [low, high]`` of an interval's dict, times ``scale``; ``signed``: a difference, with its sign, in
     **bold** when its interval excludes 0 (the tables' mark)."""

@@ -21,8 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bsi.analysis.answers import CATEGORIES, CATEGORY_MEANINGS, REFERENCES, RunAnswers, SweepAnswers, \
-    read_run_answers, read_sweep_answers
+from bsi.analysis.answers import (
+    CATEGORIES,
+    CATEGORY_MEANINGS,
+    REFERENCES,
+    RunAnswers,
+    SweepAnswers,
+    read_run_answers,
+    read_sweep_answers,
+)
 from bsi.data import extract_answer
 from bsi.errors import BSIError
 

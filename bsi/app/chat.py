@@ -21,14 +21,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from bsi.chat import ChatSession
-from bsi.errors import BSIError
-from bsi.pipeline.export import read_meta
-from bsi.method.surgery import model_parameters
 from bsi.app.answers import final_number, mark
 from bsi.app.format import in_app_words, number_text
 from bsi.app.state import LoadedModel, Session, Visitors, session_hash_of, with_request
+from bsi.chat import ChatSession
+from bsi.errors import BSIError
+from bsi.method.surgery import model_parameters
 from bsi.models import TINY_MODEL
+from bsi.pipeline.export import read_meta
 
 SIDES = ("compressed", "original")
 EMPTY_REPLY = "(no text: the model ended its turn at once or produced only special tokens)"
@@ -73,8 +73,8 @@ def run_reference(meta: dict, folder: Path) -> tuple[str | None, str]:
     import torch
 
     from bsi.config import PipelineConfig
-    from bsi.models import cache_root, resolve_autocast, resolve_device, resolve_dtype
-    from bsi.pipeline.runner import finetune_cache_key, saved_run_finetune_key
+    from bsi.models import resolve_autocast, resolve_device, resolve_dtype
+    from bsi.pipeline.runner import finetune_cache_folder, finetune_cache_key, saved_run_finetune_key
 
     source = meta.get("source_model")
     settings = meta.get("settings")
@@ -99,7 +99,7 @@ def run_reference(meta: dict, folder: Path) -> tuple[str | None, str]:
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
         key = finetune_cache_key(config, dtype, resolve_autocast(config.autocast, dtype))
-    cached = cache_root() / "finetuned" / key
+    cached = finetune_cache_folder(key)
     if (cached / "config.json").is_file():
         return str(cached), "reference: **the run's fine-tuned dense model** (the model it compressed, from the fine-tune cache)"
     return source, (f"reference: the source model `{source}`, **not fine-tuned**: the run's fine-tuned dense model is "

@@ -13,33 +13,34 @@ from dataclasses import dataclass
 from typing import Any
 
 from bsi.app import job
-from bsi.app.format import in_app_words
 from bsi.app.form import (
     DATA_SOURCES,
-    TEXT_INPUTS,
     HUTCHINSON_ONLY,
     KNOB,
     KNOBS,
     LABELS,
     MAX_UPLOAD_BYTES,
     MODEL_SOURCES,
+    QUICK_PRESET,
     RATIOS,
+    SIZE_MODES,
+    TEXT_INPUTS,
     Form,
     Knob,
-    QUICK_PRESET,
-    SIZE_MODES,
     compute_eps_rule,
     eps_note,
-    rule_text,
     preset_label,
     preset_line,
     preset_order,
+    rule_text,
     size_mode_line,
     upload_message,
 )
+from bsi.app.format import in_app_words
 from bsi.app.state import JobBoard, Visitors
 from bsi.config import PRESETS
 from bsi.errors import BSIError
+
 
 # ------------------------------------------------------------------ the tab
 @dataclass

@@ -31,15 +31,29 @@ from typing import Any
 import torch
 
 from bsi.app.format import in_app_words, number_text
-from bsi.config import (PRESETS, CompressConfig, PipelineConfig, RecoverConfig, field_help, flat_fields, flat_value,
-                        make_config)
+from bsi.config import (
+    PRESETS,
+    CompressConfig,
+    PipelineConfig,
+    RecoverConfig,
+    field_help,
+    flat_fields,
+    flat_value,
+    make_config,
+)
 from bsi.data import EMBEDDED_TASK, WIKITEXT_2, WIKITEXT_2_RELEASE, is_text_task, read_jsonl, read_text_corpus
 from bsi.errors import BSIError
 from bsi.files import check_output_dir
 from bsi.method.scores import fraction_bits
-from bsi.method.surgery import sigma_max
-from bsi.models import (EMBEDDED_MODEL, GEMMA_MODEL, TINY_MODEL, check_model_spec, gemma_available, resolve_device,
-                        resolve_dtype)
+from bsi.models import (
+    EMBEDDED_MODEL,
+    GEMMA_MODEL,
+    TINY_MODEL,
+    check_model_spec,
+    gemma_available,
+    resolve_device,
+    resolve_dtype,
+)
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 """Largest upload accepted (20 MB); the server also refuses bigger files."""
@@ -146,7 +160,7 @@ class Form:
     out_dir: str = ""
 
     @classmethod
-    def for_preset(cls, preset: str) -> "Form":
+    def for_preset(cls, preset: str) -> Form:
         """The form as a preset fills it (the tiny model for ``smoke``, else the embedded one)."""
         if preset not in PRESETS:
             raise BSIError(f"unknown preset '{preset}': use one of {', '.join(PRESETS)}")
@@ -171,7 +185,7 @@ def preset_order() -> list[str]:
 def preset_label(name: str) -> str:
     """The menu's entry for a preset: its name and its measured time on 2 cores (``not measured`` when none was)."""
     from bsi.config import PRESET_COSTS
-    from bsi.progress import duration
+    from bsi.units import duration
 
     cost = PRESET_COSTS.get(name)
     if cost is None or not (cost.cached_seconds or cost.uncached_seconds):
@@ -440,44 +454,36 @@ def rule_text(form: Form) -> str:
 
 
 def compute_eps_rule(form: Form | PipelineConfig) -> Iterator[str]:
-    """The eps the run of ``form`` (or of a configuration) will use, computed by the pipeline and the engine themselves; yields progress, then the text.
+    """The eps the run of ``form`` (or of a configuration) will use, as the pipeline computes it; yields progress, then the text.
 
-    The rule reads the largest coefficient of the bases the run prunes, so it
-    takes what the run takes: the model, loaded as the run loads it, its task
-    fine-tune when the cache holds it, and the engine's own conversion of the
-    layers (:meth:`bsi.method.engine.Compressor.convert`: with whitened bases,
-    calibration on the run's first batches), after which the engine holds the
-    rule's value (``Compressor.eps``).
+    The pipeline does the work (:meth:`bsi.pipeline.runner.Pipeline.preview_eps`:
+    the model loaded as the run loads it, its cached fine-tune, the engine's
+    own conversion of the layers); this formats what it reports.
     """
-    from bsi.method.engine import Compressor
-    from bsi.pipeline.losses import answer_token_loss
     from bsi.pipeline.runner import Pipeline
+    from bsi.reports import StepReport
 
     config = build_config(form) if isinstance(form, Form) else form
-    rule = dataclasses.replace(config.compress.hutchinson, eps=None)  # the rule, whatever the field holds
-    compress = dataclasses.replace(config.compress, hutchinson=rule)
     yield f"Loading `{config.model}` as the run does…"
-    pipeline, compressor = Pipeline(config), None
+    pipeline = Pipeline(config)
     try:
-        pipeline.load()
-        cached = (pipeline.finetune_folder / "config.json").is_file()
-        if cached or config.skip_finetune or config.finetune.steps == 0:
-            for _ in pipeline.finetune_stage():  # loads the cached fine-tune (or skips, as the run does)
-                pass
-            source = " of the fine-tuned model, as the run computes it"
-        else:
-            source = (" of the model *before* its task fine-tune (not cached yet: the run computes the rule after "
-                      "it; its log says 'eps used')")
-        compressor = Compressor(pipeline.model, pipeline.stream(2), compress, answer_token_loss,
-                                compute_dtype=pipeline.dtype, seed=config.seed)
-        for report in compressor.convert():
-            yield f"Calibrating the {compress.bases} bases on the run's batches: {report.step} of {report.total_steps}…"
-        value = sigma_max(pipeline.model)
-        eps = compressor.eps
+        previewing = pipeline.preview_eps()
+        while True:
+            try:
+                report = next(previewing)
+            except StopIteration as done:
+                preview = done.value
+                break
+            if isinstance(report, StepReport) and report.stage == "calibrate":
+                yield (f"Calibrating the {config.compress.bases} bases on the run's batches: {report.step} of "
+                       f"{report.total_steps}…")
     finally:
-        del pipeline, compressor  # the model goes with them, before the text is shown
+        del pipeline  # the model goes with it, before the text is shown
         gc.collect()
-    yield eps_rule_text(compress, resolve_dtype(config.dtype, resolve_device(config.device)), value, eps, source)
+    source = (" of the model *before* its task fine-tune (not cached yet: the run computes the rule after it; its log "
+              "says 'eps used')" if preview.before_finetune else " of the fine-tuned model, as the run computes it")
+    yield eps_rule_text(config.compress, resolve_dtype(config.dtype, resolve_device(config.device)),
+                        preview.sigma_max, preview.eps, source)
 
 
 __all__ = ["Form", "Knob", "KNOBS", "RATIOS", "LABELS", "MAX_UPLOAD_BYTES", "MODEL_SOURCES", "DATA_SOURCES", "TEXT_INPUTS",

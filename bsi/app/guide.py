@@ -13,7 +13,6 @@ import re
 from bsi.app.form import QUICK_PRESET, preset_order
 
 
-
 def presets_markdown() -> str:
     """Every preset with its measured time on 2 cores and what it gives up for it, as a Markdown table."""
     from bsi.config import PRESET_COSTS

@@ -54,14 +54,15 @@ def compute(session, form, name: str, k: int, examples: int = 4, seed: int = 0):
     """The :class:`~bsi.analysis.spectrum.SpectrumResult` of layer ``name``'s top-k sigmas on ``examples`` examples."""
     from bsi.analysis.spectrum import compute_spectra
     from bsi.app.form import build_config
-    from bsi.data import BatchStream, TextBatchStream, is_text_task, load_task, load_text_task
+    from bsi.data import BatchStream, TextBatchStream, is_text_run, load_task, load_text_task
+    from bsi.pipeline.losses import answer_token_loss
     from bsi.pipeline.perplexity import model_context
 
     if not name:
         raise BSIError("choose a layer first (press *List layers*)")
     loaded = source_model(session, form)
     config = build_config(form)
-    if is_text_task(config.data, config.task, config.text_field, config.question_field):  # a batch of training windows
+    if is_text_run(config):  # a batch of training windows
         text = load_text_task(config.data, loaded.tokenizer, window=config.window, seed=seed,
                               held_out_fraction=config.held_out_fraction, text_field=config.text_field,
                               max_context=model_context(loaded.model))
@@ -73,7 +74,7 @@ def compute(session, form, name: str, k: int, examples: int = 4, seed: int = 0):
                                       max_length=config.max_length, seed=seed)))
     device = next(loaded.model.parameters()).device
     batch = {key: value.to(device) for key, value in batch.items()}
-    return compute_spectra(loaded.model, [name], [batch], top_k=int(k), meta={"model": loaded.source})
+    return compute_spectra(loaded.model, [name], [batch], answer_token_loss, top_k=int(k), meta={"model": loaded.source})
 
 
 SPECTRUM_FILE = "spectrum.json"

@@ -222,10 +222,10 @@ def add_eval(p: argparse.ArgumentParser) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from bsi.data import EMBEDDED_TASK, looks_like_text, load_task
-    from bsi.pipeline.evaluate import evaluate
+    from bsi.data import EMBEDDED_TASK, load_task, looks_like_text
     from bsi.method.surgery import model_parameters
     from bsi.models import check_model_spec, load_model_and_tokenizer, resolve_device, resolve_dtype
+    from bsi.pipeline.evaluate import evaluate
 
     if args.lm_eval is not None:
         return _run_eval_lm_eval(args)  # checks lm-eval, the tasks and the model folder, then evaluates
@@ -361,8 +361,14 @@ def _run_eval_lm_eval(args: argparse.Namespace) -> int:
 
 def _lm_eval_model_folder(spec: str) -> str:
     """The folder lm-eval's ``hf`` model loads for ``--model``: a built-in model's cached copy, or the folder given."""
-    from bsi.models import (BUILT_IN_MODELS, EMBEDDED_MODEL, GEMMA_MODEL, check_model_spec, ensure_embedded_model,
-                            ensure_gemma_model)
+    from bsi.models import (
+        BUILT_IN_MODELS,
+        EMBEDDED_MODEL,
+        GEMMA_MODEL,
+        check_model_spec,
+        ensure_embedded_model,
+        ensure_gemma_model,
+    )
 
     if spec in BUILT_IN_MODELS:
         if spec == "embedded" or spec == EMBEDDED_MODEL:

@@ -1,4 +1,4 @@
-"""``bsi compare``: the command line of :mod:`bsi.analysis.compare` (a run folder brings its fine-tuned dense model as the reference)."""
+"""``bsi compare``: the command line of :mod:`bsi.pipeline.compare` (a run folder brings its fine-tuned dense model as the reference) and :mod:`bsi.analysis.compare` (the table)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bsi.analysis.compare import compare_models, comparison_markdown, find_reference, read_marked_prompts
+    from bsi.analysis.compare import comparison_markdown, read_marked_prompts
     from bsi.files import atomic_write_json, atomic_write_text, check_output_dir
     from bsi.models import check_model_spec
+    from bsi.pipeline.compare import compare_models, find_reference
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if not models:

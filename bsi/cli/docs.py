@@ -68,7 +68,7 @@ OWN_GROUPS = {"options": "Command", "optional arguments": "Command", "positional
 GENERIC_METAVARS = ("INT", "FLOAT", "STR")
 
 #: Sub-packages in the order of the layers (docs/architecture.md); others follow alphabetically.
-PACKAGE_ORDER = ("method", "pipeline", "data", "analysis", "cli", "app")
+PACKAGE_ORDER = ("config", "data", "method", "analysis", "pipeline", "cli", "app")  # the layers, bottom up
 
 
 # ------------------------------------------------------------------ flags
@@ -234,20 +234,26 @@ def markdown_inline(text: str) -> str:
 
 
 def module_row(path: Path, label: str) -> str:
-    """A module's row: ``label``, the first line of its docstring and its public classes (read with ast)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    """A module's row: ``label``, its lines, the first line of its docstring and its public classes (read with ast).
+
+    A package's row (its ``__init__.py``) counts the lines of all its modules.
+    """
+    text = path.read_text(encoding="utf-8")
+    tree = ast.parse(text)
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in path.parent.glob("*.py")) \
+        if path.name == "__init__.py" and path.parent.name != "bsi" else len(text.splitlines())
     doc = ast.get_docstring(tree)
     if not doc:
         raise ValueError(f"{path} has no docstring: its first line is what the module map says of it")
     summary = markdown_inline(doc.strip().splitlines()[0].rstrip("."))
     classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef) and not node.name.startswith("_")]
-    return f"| {label} | {_cell(summary)} | {', '.join(f'`{c}`' for c in classes)} |"
+    return f"| {label} | {lines:,} | {_cell(summary)} | {', '.join(f'`{c}`' for c in classes)} |"
 
 
 def module_map(root: Path = ROOT) -> str:
     """The module map of the ``bsi`` package: top-level modules, then each sub-package's, one row each."""
     package = root / "bsi"
-    rows = ["| module | what it is | classes |", "|---|---|---|"]
+    rows = ["| module | lines | what it is | classes |", "|---|--:|---|---|"]
     rows += [module_row(p, f"`bsi/{p.name}`") for p in _modules(package)]
     subpackages = sorted((p for p in package.iterdir() if (p / "__init__.py").is_file()),
                          key=lambda p: (PACKAGE_ORDER.index(p.name) if p.name in PACKAGE_ORDER else len(PACKAGE_ORDER),
@@ -293,7 +299,7 @@ def preset_cost_table() -> str:
     Links are relative to docs/ (the table sits in docs/benchmarks.md).
     """
     from bsi.config import PRESET_COSTS
-    from bsi.progress import duration
+    from bsi.units import duration
 
     rows = ["| preset | timed | fine-tune cached | empty cache, fine-tune included | measured | what it gives up |",
             "|---|---|---|---|---|---|"]

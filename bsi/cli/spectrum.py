@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from bsi.data import BatchStream, load_task
     from bsi.files import check_output_dir
     from bsi.models import load_model_and_tokenizer, resolve_device, resolve_dtype
+    from bsi.pipeline.losses import answer_token_loss
 
     check_output_dir(args.out)
     device = resolve_device(args.device)
@@ -69,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     batches = [next(stream) for _ in range(args.batches)]
     meta = {"model": args.model, "data": args.data, "batch_size": args.batch_size, "max_length": args.max_length,
             "dtype": str(dtype).replace("torch.", ""), "seed": args.seed, "error": args.error, "delta": args.delta}
-    analysis = SpectrumAnalysis(model, names, batches, top_k=args.top_k, error=args.error, delta=args.delta, meta=meta)
+    analysis = SpectrumAnalysis(model, names, batches, answer_token_loss, top_k=args.top_k, error=args.error,
+                                delta=args.delta, meta=meta)
     result = None
     for report in analysis.run():
         if isinstance(report, SpectrumProgress) and not args.quiet:

@@ -28,7 +28,9 @@ importable from ``bsi.data`` itself.
 from bsi.data.answers import answers_match, extract_answer
 from bsi.data.batches import (
     IGNORE_INDEX,
+    PROCESS_SEED_STRIDE,
     BatchStream,
+    BatchUse,
     build_prompt,
     collate,
     encode_answer,
@@ -54,6 +56,7 @@ from bsi.data.text import (
     TextTask,
     check_window,
     cut_windows,
+    is_text_run,
     is_text_task,
     join_documents,
     load_text_task,
@@ -66,12 +69,13 @@ from bsi.data.text import (
 )
 
 __all__ = [
-    "DEFAULT_TRAIN_SIZE", "EMBEDDED_TASK", "IGNORE_INDEX", "MAX_LINE_BYTES", "BatchStream", "Example", "TaskData",
+    "DEFAULT_TRAIN_SIZE", "EMBEDDED_TASK", "IGNORE_INDEX", "MAX_LINE_BYTES", "PROCESS_SEED_STRIDE", "BatchStream", "BatchUse",
+    "Example", "TaskData",
     "answers_match", "build_prompt", "collate", "encode_answer", "encode_example", "encode_prompt", "end_of_turn_text",
     "extract_answer", "generate_math_problems", "load_task", "pad_id", "read_jsonl", "stop_token_ids",
     # text tasks
     "DEFAULT_HELD_OUT_FRACTION", "DEFAULT_TEXT_FIELD", "DEFAULT_WINDOW", "EOS_SEPARATOR", "WIKITEXT_2",
     "WIKITEXT_2_RELEASE", "TextBatchStream", "TextCorpus", "TextTask", "check_window", "cut_windows",
-    "epoch_permutation", "is_text_task", "join_documents", "load_text_task", "looks_like_text", "read_text_corpus",
+    "epoch_permutation", "is_text_run", "is_text_task", "join_documents", "load_text_task", "looks_like_text", "read_text_corpus",
     "set_aside_windows", "split_tail", "tokenize_corpus", "wikitext_2_folder",
 ]

@@ -10,12 +10,35 @@ fixed by its seed and resumable from its ``state_dict``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import IntEnum
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from bsi.data.examples import Example
 from bsi.errors import BSIError
+
+
+class BatchUse(IntEnum):
+    """What a stream of training batches is for: each use draws its own order, seeded ``run seed + use``.
+
+    A run draws several streams from one training set: the fine-tune's, the
+    pruning rounds', the recovery's, the baselines' calibration and ASVD's
+    sensitivity batches. Their values offset the seed, so they are part of
+    every result's reproducibility (a cached fine-tune, a resumed run, a
+    shipped sweep): never renumber them.
+    """
+
+    FINETUNE = 1
+    COMPRESS = 2
+    RECOVER = 3
+    CALIBRATE = 4
+    SENSITIVITY = 5
+
+
+#: Seeds of different processes of one run lie this far apart (process ``rank`` adds ``rank * stride``), so each
+#: process draws its own batches; far more than the uses above, so no two streams of a run share a seed.
+PROCESS_SEED_STRIDE = 1000
 
 IGNORE_INDEX = -100
 """Label value of tokens that carry no loss (prompt and padding); PyTorch's convention."""

@@ -76,6 +76,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from bsi.config import PipelineConfig
 from bsi.data.batches import epoch_permutation
 from bsi.data.tasks import _bounded_lines
 from bsi.errors import BSIError
@@ -245,6 +246,11 @@ def is_text_task(spec: str, kind: str = "auto", text_field: str = DEFAULT_TEXT_F
     return looks_like_text(spec, text_field, question_field)
 
 
+def is_text_run(config: PipelineConfig) -> bool:
+    """Whether the run of ``config`` is a text task: :func:`is_text_task` asked with the run's data, kind and fields."""
+    return is_text_task(config.data, config.task, config.text_field, config.question_field)
+
+
 def _read_text_file(path: Path) -> str:
     """A file's text (UTF-8, a byte-order mark dropped), refusing empty, binary and non-UTF-8 files."""
     data = path.read_bytes()
@@ -316,7 +322,7 @@ def _read_hub_corpus(spec: str, text_field: str) -> TextCorpus:
     """
     import huggingface_hub
 
-    from bsi.models import hub_unreachable  # lazy: only hub specs need it
+    from bsi.hub import hub_unreachable
 
     unreachable = None if huggingface_hub.is_offline_mode() else hub_unreachable()
     if unreachable:

@@ -27,13 +27,14 @@ in bsi assumes. The input statistics are gathered by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from bsi.errors import BSIError
-
 
 SVD_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-9}
 """The largest relative reconstruction error ``||U S V^T - W||_F / ||W||_F`` accepted from the fast CUDA SVD."""
@@ -57,13 +58,18 @@ def thin_svd(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     Returns:
         ``U`` (out, r), ``sigma`` (r,) descending, ``Vh`` (r, in), ``r = min(out, in)``.
     """
+    u: torch.Tensor
+    s: torch.Tensor
+    vh: torch.Tensor
     if not w.is_cuda:
-        return torch.linalg.svd(w, full_matrices=False)
+        u, s, vh = torch.linalg.svd(w, full_matrices=False)
+        return u, s, vh
     u, s, vh = torch.linalg.svd(w, full_matrices=False, driver="gesvda")  # (out, r), (r,), (r, in)
     error = torch.linalg.matrix_norm((u * s) @ vh - w) / torch.linalg.matrix_norm(w).clamp_min(1e-30)
     if bool(torch.isfinite(error)) and float(error) <= SVD_TOLERANCE.get(w.dtype, 1e-4):
         return u, s, vh
-    return torch.linalg.svd(w, full_matrices=False, driver="gesvd")
+    u, s, vh = torch.linalg.svd(w, full_matrices=False, driver="gesvd")
+    return u, s, vh
 
 
 def svd_bases(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -97,6 +103,8 @@ def whitening_factor(covariance: torch.Tensor, damping: float = 1e-3) -> torch.T
     scale = scale if scale > 0 else 1.0
     eye = torch.eye(c.shape[0], dtype=c.dtype, device=c.device)
     jitter = max(damping, 1e-10)
+    factor: torch.Tensor
+    info: torch.Tensor
     for _ in range(8):  # more damping until the factorisation succeeds (round-off can make C indefinite)
         factor, info = torch.linalg.cholesky_ex(c + jitter * scale * eye)
         if int(info) == 0:
@@ -190,18 +198,19 @@ class InputStatistics:
         self.with_covariance = covariance
         self.mask: torch.Tensor | None = None  # (B, T) of the batch being run
         self._owner: dict[str, str] = {}  # layer -> layer whose accumulator it shares
-        self._seen: dict[tuple, tuple] = {}  # (data_ptr, shape, strides) -> (input, first layer), one parent at a time
+        # (data_ptr, shape, strides) -> (input, first layer), one parent at a time
+        self._seen: dict[tuple[int, tuple[int, ...], tuple[int, ...]], tuple[torch.Tensor, str]] = {}
         self._parent: str | None = None
         self._sq: dict[str, torch.Tensor] = {}
         self._abs: dict[str, torch.Tensor] = {}
         self._count: dict[str, int] = {}
-        self._handles: list = []
+        self._handles: list[RemovableHandle] = []
 
-    def _hook(self, name: str):
+    def _hook(self, name: str) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         parent = name.rpartition(".")[0]
 
-        def hook(module: nn.Module, args: tuple) -> None:
-            x = args[0].detach()
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            x: torch.Tensor = args[0].detach()
             owner = self._owner.get(name)
             if owner is None:  # first time this layer runs: does a sibling already see this very tensor?
                 if parent != self._parent:  # the references held below are for one parent module at a time
@@ -233,16 +242,16 @@ class InputStatistics:
         self.mask = attention_mask
         self._seen, self._parent = {}, None
 
-    def __enter__(self) -> "InputStatistics":
+    def __enter__(self) -> InputStatistics:
         self._handles = [m.register_forward_pre_hook(self._hook(n)) for n, m in self.modules.items()]
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
 
-    def reduce(self, fn) -> None:
+    def reduce(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Apply ``fn`` (e.g. a sum over processes) to the raw sums and counts, before they are normalised."""
         for store in (self._sq, self._abs):
             for key in list(store):

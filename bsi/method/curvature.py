@@ -38,9 +38,10 @@ the same network function, and restored afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -50,7 +51,8 @@ from bsi.errors import BSIError
 from bsi.method.layers import BasisLinear, SigmaGradientRecorder
 from bsi.method.scores import probe_vector, symmetric_difference_hessian
 
-LossFn = Callable[[nn.Module, dict], torch.Tensor]
+Batch = dict[str, torch.Tensor]  # a mini-batch: input_ids, attention_mask, labels, ... (what a loss reads)
+LossFn = Callable[[nn.Module, Batch], torch.Tensor]
 
 
 @dataclass
@@ -70,6 +72,16 @@ class ProfileResult:
         return self.curvatures
 
 
+class CurvatureSource(Protocol):
+    """What a profiling step measures and how (:class:`Hutchinson`, :class:`Fisher`, :class:`GradientOnly`, ...)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def profile(self, model: nn.Module, layers: Sequence[BasisLinear], pools: Sequence[torch.Tensor], batch: Batch,
+                loss_fn: LossFn, generator: torch.Generator | None) -> ProfileResult | None: ...
+
+
 def _finite(*tensors: torch.Tensor) -> bool:
     if not tensors:
         return True
@@ -77,7 +89,7 @@ def _finite(*tensors: torch.Tensor) -> bool:
 
 
 @contextmanager
-def evaluation_mode(model: nn.Module):
+def evaluation_mode(model: nn.Module) -> Iterator[None]:
     """Dropout off inside the block; the previous train/eval mode is restored after."""
     was_training = model.training
     model.eval()
@@ -88,7 +100,7 @@ def evaluation_mode(model: nn.Module):
 
 
 @contextmanager
-def eager_attention(model: nn.Module):
+def eager_attention(model: nn.Module) -> Iterator[nn.Module]:
     """Run the block with eager attention: double backward through SDPA or flash kernels fails.
 
     Uses ``model.set_attn_implementation`` (transformers >= 5); the previous
@@ -100,17 +112,18 @@ def eager_attention(model: nn.Module):
     if config is None or previous in (None, "eager"):
         yield model
         return
-    if not hasattr(model, "set_attn_implementation"):
+    set_implementation = getattr(model, "set_attn_implementation", None)
+    if set_implementation is None:
         raise BSIError(f"cannot switch {type(model).__name__} to eager attention; load it with attn_implementation='eager'")
-    model.set_attn_implementation("eager")
+    set_implementation("eager")
     try:
         yield model
     finally:
-        model.set_attn_implementation(previous)
+        set_implementation(previous)
 
 
 @contextmanager
-def shifted_sigma(layers: Sequence[BasisLinear], deltas: Sequence[torch.Tensor | None]):
+def shifted_sigma(layers: Sequence[BasisLinear], deltas: Sequence[torch.Tensor | None]) -> Iterator[None]:
     """Temporarily evaluate at ``sigma + delta`` for each layer (None: unchanged).
 
     The original values are copied back exactly afterwards (no ``+d -d``
@@ -129,7 +142,7 @@ def shifted_sigma(layers: Sequence[BasisLinear], deltas: Sequence[torch.Tensor |
 
 
 def sigma_gradients(
-    model: nn.Module, layers: Sequence[BasisLinear], batch: dict, loss_fn: LossFn
+    model: nn.Module, layers: Sequence[BasisLinear], batch: Batch, loss_fn: LossFn
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Loss and dl/dsigma for the given layers only (other parameters get no gradient).
 
@@ -138,26 +151,27 @@ def sigma_gradients(
     asking for all.
     """
     loss = loss_fn(model, batch)
-    grads = torch.autograd.grad(loss, [layer.sigma for layer in layers], allow_unused=True)
-    grads = [torch.zeros_like(layer.sigma) if g is None else g.float() for layer, g in zip(layers, grads)]
+    found = torch.autograd.grad(loss, [layer.sigma for layer in layers], allow_unused=True)
+    grads = [torch.zeros_like(layer.sigma) if g is None else g.float() for layer, g in zip(layers, found)]
     return loss.detach(), grads
 
 
 def hessian_vector_product(
-    model: nn.Module, layers: Sequence[BasisLinear], batch: dict, loss_fn: LossFn, vectors: Sequence[torch.Tensor]
+    model: nn.Module, layers: Sequence[BasisLinear], batch: Batch, loss_fn: LossFn, vectors: Sequence[torch.Tensor]
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """Exact ``H v`` in sigma-space by double backward; returns (loss, grads, Hv per layer)."""
     sigmas = [layer.sigma for layer in layers]
     loss = loss_fn(model, batch)
-    grads = torch.autograd.grad(loss, sigmas, create_graph=True, allow_unused=True)
-    grads = [torch.zeros_like(s) if g is None else g for s, g in zip(sigmas, grads)]
+    first = torch.autograd.grad(loss, sigmas, create_graph=True, allow_unused=True)
+    grads = [torch.zeros_like(s) if g is None else g for s, g in zip(sigmas, first)]
     dot = sum((g * v.to(g.device)).sum() for g, v in zip(grads, vectors))
-    hv = torch.autograd.grad(dot, sigmas, allow_unused=True)
-    hv = [torch.zeros_like(s) if h is None else h.detach().float() for s, h in zip(sigmas, hv)]
+    assert isinstance(dot, torch.Tensor), "a Hessian-vector product needs at least one layer"
+    second = torch.autograd.grad(dot, sigmas, allow_unused=True)
+    hv = [torch.zeros_like(s) if h is None else h.detach().float() for s, h in zip(sigmas, second)]
     return loss.detach(), [g.detach().float() for g in grads], hv
 
 
-def exact_hessian(model: nn.Module, layer: BasisLinear, batch: dict, loss_fn: LossFn,
+def exact_hessian(model: nn.Module, layer: BasisLinear, batch: Batch, loss_fn: LossFn,
                   positions: torch.Tensor) -> torch.Tensor:
     """The exact (k, k) Hessian of the loss over the sigmas at ``positions`` of one layer, float64.
 
@@ -180,7 +194,7 @@ def exact_hessian(model: nn.Module, layer: BasisLinear, batch: dict, loss_fn: Lo
 
 
 def exact_hessian_diagonal(model: nn.Module, layers: Sequence[BasisLinear], positions: Sequence[torch.Tensor],
-                           batch: dict, loss_fn: LossFn) -> list[torch.Tensor]:
+                           batch: Batch, loss_fn: LossFn) -> list[torch.Tensor]:
     """The exact Hessian diagonal ``d2 l / d sigma_i^2`` at ``positions`` (k_l,) of each layer, float64.
 
     One forward and one ``create_graph`` backward for all the layers, then
@@ -200,11 +214,13 @@ def exact_hessian_diagonal(model: nn.Module, layers: Sequence[BasisLinear], posi
 
 
 @contextmanager
-def dual_sigma(layer: BasisLinear, tangent: torch.Tensor):
+def dual_sigma(layer: BasisLinear, tangent: torch.Tensor) -> Iterator[None]:
     """Inside a ``forward_ad.dual_level``: the layer's sigma carries ``tangent`` (r,) as its forward derivative."""
     parameter = layer._parameters.pop("sigma")
+    assert parameter is not None, "a BasisLinear layer's sigma is a parameter"
     try:
-        layer.sigma = forward_ad.make_dual(parameter.detach(), tangent.to(parameter))  # a plain attribute inside
+        # a plain attribute inside (torch leaves make_dual unannotated)
+        layer.sigma = forward_ad.make_dual(parameter.detach(), tangent.to(parameter))  # type: ignore[no-untyped-call]
         yield
     finally:
         del layer.sigma
@@ -212,7 +228,7 @@ def dual_sigma(layer: BasisLinear, tangent: torch.Tensor):
 
 
 def exact_gauss_newton_diagonal(model: nn.Module, layers: Sequence[BasisLinear], positions: Sequence[torch.Tensor],
-                                batch: dict, logits_fn: Callable[[nn.Module, dict], torch.Tensor]
+                                batch: Batch, logits_fn: Callable[[nn.Module, Batch], torch.Tensor]
                                 ) -> list[torch.Tensor]:
     """The exact Gauss-Newton diagonal of a mean cross-entropy at ``positions`` (k_l,) of each layer, float64.
 
@@ -238,7 +254,8 @@ def exact_gauss_newton_diagonal(model: nn.Module, layers: Sequence[BasisLinear],
                 tangent = torch.zeros_like(layer.sigma)  # (r,)
                 tangent[j] = 1.0
                 with forward_ad.dual_level(), dual_sigma(layer, tangent):
-                    jac = forward_ad.unpack_dual(logits_fn(model, batch)).tangent.double()  # (N, V)
+                    jac = forward_ad.unpack_dual(  # type: ignore[no-untyped-call]  # unannotated, as make_dual
+                        logits_fn(model, batch)).tangent.double()  # (N, V)
                 mean = (probs * jac).sum(dim=-1)  # (N,)
                 values.append(((probs * jac.square()).sum(dim=-1) - mean.square()).sum() / count)
             out.append(torch.stack(values).cpu() if values else torch.zeros(0, dtype=torch.float64))
@@ -253,7 +270,7 @@ def inside_pool(values: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
     return values * mask
 
 
-def loss_count(loss_fn: LossFn, batch: dict) -> int:
+def loss_count(loss_fn: LossFn, batch: Batch) -> int:
     """How many terms the loss averages over on ``batch`` (tokens), from ``loss_fn.count``."""
     count = getattr(loss_fn, "count", None)
     if count is None:
@@ -273,7 +290,8 @@ class Hutchinson:
     center: str = "exact"
     name: str = "hutchinson"
 
-    def profile(self, model, layers, pools, batch, loss_fn, generator) -> ProfileResult | None:
+    def profile(self, model: nn.Module, layers: Sequence[BasisLinear], pools: Sequence[torch.Tensor], batch: Batch,
+                loss_fn: LossFn, generator: torch.Generator | None) -> ProfileResult | None:
         if self.method == "hvp":
             with eager_attention(model):
                 return _profile_hvp(model, layers, pools, batch, loss_fn, self.scope, self.probes, generator)
@@ -316,7 +334,8 @@ class Fisher:
     def name(self) -> str:
         return "mc-fisher" if self.sampled else "fisher"
 
-    def profile(self, model, layers, pools, batch, loss_fn, generator) -> ProfileResult | None:
+    def profile(self, model: nn.Module, layers: Sequence[BasisLinear], pools: Sequence[torch.Tensor], batch: Batch,
+                loss_fn: LossFn, generator: torch.Generator | None) -> ProfileResult | None:
         with SigmaGradientRecorder().attach(list(layers)) as recorder:
             loss, grads = sigma_gradients(model, layers, batch, loss_fn)  # true labels
             grad_squares = [recorder.squares(layer).clone() for layer in layers]  # (r,) each
@@ -346,7 +365,8 @@ class GradientOnly:
 
     name: str = "gradient"
 
-    def profile(self, model, layers, pools, batch, loss_fn, generator) -> ProfileResult | None:
+    def profile(self, model: nn.Module, layers: Sequence[BasisLinear], pools: Sequence[torch.Tensor], batch: Batch,
+                loss_fn: LossFn, generator: torch.Generator | None) -> ProfileResult | None:
         loss, grads = sigma_gradients(model, layers, batch, loss_fn)
         if not _finite(loss, *grads):
             return None
@@ -359,12 +379,13 @@ class NothingToMeasure:
 
     name: str = "none"
 
-    def profile(self, model, layers, pools, batch, loss_fn, generator) -> ProfileResult | None:
+    def profile(self, model: nn.Module, layers: Sequence[BasisLinear], pools: Sequence[torch.Tensor], batch: Batch,
+                loss_fn: LossFn, generator: torch.Generator | None) -> ProfileResult | None:
         return ProfileResult(float("nan"), None, None)
 
 
 def curvature_source(name: str, *, eps: float, scope: str = "model", method: str = "fd", probes: int = 1,
-                     center: str = "exact"):
+                     center: str = "exact") -> Hutchinson | Fisher:
     """The curvature source called ``name`` (``fisher``, ``mc-fisher`` or ``hutchinson``)."""
     if name == "hutchinson":
         return Hutchinson(eps=eps, scope=scope, method=method, probes=probes, center=center)
@@ -377,7 +398,7 @@ def profile_batch(
     model: nn.Module,
     layers: Sequence[BasisLinear],
     pools: Sequence[torch.Tensor],
-    batch: dict,
+    batch: Batch,
     loss_fn: LossFn,
     *,
     eps: float = 1e-3,
@@ -386,7 +407,7 @@ def profile_batch(
     probes: int = 1,
     generator: torch.Generator | None = None,
     center: str = "exact",
-    source=None,
+    source: CurvatureSource | None = None,
 ) -> ProfileResult | None:
     """Gradient and curvature estimate for every layer on one mini-batch.
 
@@ -407,7 +428,7 @@ def profile_batch(
 
 
 def _fd_pair(
-    model: nn.Module, layers: Sequence[BasisLinear], batch: dict, loss_fn: LossFn,
+    model: nn.Module, layers: Sequence[BasisLinear], batch: Batch, loss_fn: LossFn,
     zs: Sequence[torch.Tensor], eps: float,
 ) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, list[torch.Tensor]] | None:
     """Losses and gradients at ``sigma + (eps/2) z`` and ``sigma - (eps/2) z``; None if not finite."""
@@ -421,7 +442,7 @@ def _fd_pair(
 
 
 def _fd_joint(
-    model: nn.Module, layers: Sequence[BasisLinear], batch: dict, loss_fn: LossFn,
+    model: nn.Module, layers: Sequence[BasisLinear], batch: Batch, loss_fn: LossFn,
     zs: Sequence[torch.Tensor], eps: float,
 ) -> list[torch.Tensor] | None:
     """``z * (g+ - g-) / eps`` for the given layers, all perturbed together."""
@@ -432,7 +453,9 @@ def _fd_joint(
     return [symmetric_difference_hessian(gp, gm, z, eps) for gp, gm, z in zip(grads_plus, grads_minus, zs)]
 
 
-def _profile_fd_averaged_center(model, layers, pools, batch, loss_fn, eps, probes, generator) -> ProfileResult | None:
+def _profile_fd_averaged_center(model: nn.Module, layers: Sequence[BasisLinear], pools: Sequence[torch.Tensor],
+                                batch: Batch, loss_fn: LossFn, eps: float, probes: int,
+                                generator: torch.Generator | None) -> ProfileResult | None:
     """Model scope with the centre gradient taken as the mean of the probe gradients (2 passes per probe).
 
     Unbiased up to O(eps^2): ``g(s + e z/2) + g(s - e z/2) = 2 g(s) + O(eps^2)``
@@ -454,7 +477,8 @@ def _profile_fd_averaged_center(model, layers, pools, batch, loss_fn, eps, probe
     return ProfileResult(loss, grads, curvatures)
 
 
-def _profile_hvp(model, layers, pools, batch, loss_fn, scope, probes, generator) -> ProfileResult | None:
+def _profile_hvp(model: nn.Module, layers: Sequence[BasisLinear], pools: Sequence[torch.Tensor], batch: Batch,
+                 loss_fn: LossFn, scope: str, probes: int, generator: torch.Generator | None) -> ProfileResult | None:
     grads: list[torch.Tensor] | None = None
     curvatures = [torch.zeros(layer.rank, device=layer.sigma.device) for layer in layers]
     loss = torch.tensor(0.0)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any, overload
 
 import torch
 from torch import nn
@@ -35,6 +36,8 @@ from bsi.config import CompressConfig
 from bsi.errors import BSIError
 from bsi.method.bases import InputStatistics, whitened_bases
 from bsi.method.curvature import (
+    Batch,
+    CurvatureSource,
     GradientOnly,
     LossFn,
     NothingToMeasure,
@@ -42,7 +45,7 @@ from bsi.method.curvature import (
     evaluation_mode,
     inside_pool,
 )
-from bsi.method.engine_state import RoundCheckpoint
+from bsi.method.engine_state import RoundCheckpoint, RoundCounters, process_tensors
 from bsi.method.layers import BasisLinear, SigmaGradientRecorder
 from bsi.method.schedule import (
     LayerShape,
@@ -86,6 +89,27 @@ def slice_optimizer_state(optimizer: torch.optim.Optimizer, param: nn.Parameter,
     for key, value in list(state.items()):
         if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] != param.shape[0]:
             state[key] = value[keep.to(value.device)].contiguous()
+
+
+def layer_bases_whitened_by(covariance: Mapping[str, torch.Tensor], damping: float
+                            ) -> Callable[[str, nn.Linear], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The bases of each layer for :meth:`Compressor.convert_layers`: whitened by that layer's input covariance."""
+    def bases(name: str, linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return whitened_bases(linear.weight, covariance[name], damping)
+    return bases
+
+
+@overload
+def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor: ...
+
+
+@overload
+def _cpu_copy(tensor: None) -> None: ...
+
+
+def _cpu_copy(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """A detached float32 copy on the CPU, for a round's report (None stays None)."""
+    return None if tensor is None else tensor.detach().float().cpu()
 
 
 @dataclass
@@ -152,11 +176,12 @@ class RoundScores:
         return {n: st.pool.cpu() for n, st in self.layers.items()}
 
 
-class Compressor(RoundCheckpoint):
+class Compressor:
     """Runs the pruning rounds on one model; iterate :meth:`run` to drive it.
 
-    Saving and continuing a run between rounds (``state_dict``, ``load_state_dict``) is
-    :class:`~bsi.method.engine_state.RoundCheckpoint`'s, apart from the algorithm.
+    Saving and continuing a run between rounds (``state_dict``, ``load_state_dict``)
+    hands the engine's parts to a :class:`~bsi.method.engine_state.RoundCheckpoint`,
+    which holds the format, apart from the algorithm.
 
     Args:
         model: a causal LM (converted to Basel form by :meth:`run` if it is not yet).
@@ -192,7 +217,7 @@ class Compressor(RoundCheckpoint):
     def __init__(
         self,
         model: nn.Module,
-        batches: Iterator[dict],
+        batches: Iterator[Batch],
         config: CompressConfig,
         loss_fn: LossFn,
         *,
@@ -203,7 +228,7 @@ class Compressor(RoundCheckpoint):
         probe_seed: int | None = None,
         convert_layers: Callable[..., dict[str, BasisLinear]] = to_basis_form,
         prune_layer: Callable[[BasisLinear, torch.Tensor], None] = BasisLinear.keep,
-        before_cut: Callable[["Compressor", RoundScores, dict[str, torch.Tensor]], None] | None = None,
+        before_cut: Callable[[Compressor, RoundScores, dict[str, torch.Tensor]], None] | None = None,
     ) -> None:
         self.model = model
         self.batches = batches
@@ -226,7 +251,7 @@ class Compressor(RoundCheckpoint):
         self.dense_before = 0
         self.eps = float("nan")
         self._round: RoundSums | None = None  # the statistics of the round in progress
-        self._monitor: dict | None = None
+        self._monitor: Batch | None = None
         self._start = time.perf_counter()
         if config.rounds < len(config.size.sizes):
             raise BSIError(f"{config.rounds} rounds cannot reach {len(config.size.sizes)} sizes ({len(config.size.stops)} "
@@ -235,6 +260,54 @@ class Compressor(RoundCheckpoint):
             raise BSIError(f"{type(model).__name__} has no nn.Linear layers to compress (only embeddings or custom layers)")
         if basis_layers(model):  # converted already (by the caller, or a notebook)
             self._adopt(basis_layers(model))
+
+    # --------------------------------------------------------- checkpoints
+    @property
+    def at_round_boundary(self) -> bool:
+        """True between rounds: no profiling statistics are half-accumulated."""
+        return self.converted and self._round is None and self.steps_into_round == 0
+
+    def counters(self) -> RoundCounters:
+        """Where the run stands (the plain part of a checkpoint)."""
+        return RoundCounters(iteration=self.iteration, skipped=self.skipped, eps=self.eps,
+                             dense_before=self.dense_before, factor_start=self.factor_start, notes=self.notes)
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Everything needed to continue this run: ``(tensors, plain JSON values)`` (a :class:`RoundCheckpoint`).
+
+        Only valid between rounds (see :attr:`at_round_boundary`): the layers'
+        current bases, coefficients and auxiliary vectors, the optimizer's
+        moments, the probe generator, the monitor batch and the counters.
+        """
+        if not self.at_round_boundary:
+            raise RuntimeError("Compressor state can only be saved between rounds")
+        checkpoint = RoundCheckpoint.take(layers=self.layers, optimizer=self.optimizer, generator=self.generator,
+                                          monitor=self._monitor, counters=self.counters(),
+                                          settings=self.config.to_dict())
+        return checkpoint.tensors, checkpoint.plain
+
+    def process_state(self) -> dict[str, torch.Tensor]:
+        """The part of :meth:`state_dict` that is this process's own: the probe generator and the monitor batch."""
+        return process_tensors(self.generator, self._monitor)
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], plain: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the layers are rebuilt at the saved ranks (no SVD, no calibration)."""
+        checkpoint = RoundCheckpoint(tensors, plain)
+        rebuild = not self.converted
+        if rebuild:  # written in the saved bases (and sharded as it goes, under FSDP)
+            def bases(name: str, linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                return checkpoint.saved_bases(name, linear.weight)
+
+            names = sorted(checkpoint.layer_names(), key=compressible_linear_names(self.model).index)
+            self._adopt(self.convert_layers(self.model, aux_rank=self.config.aux_rank, seed=self.seed,
+                                            names=names, bases=bases))
+        counters, self._monitor = checkpoint.restore(layers=self.layers, optimizer=self.optimizer,
+                                                     generator=self.generator, device=self.device,
+                                                     bases_restored=rebuild, current=self.counters())
+        self.iteration, self.skipped, self.eps = counters.iteration, counters.skipped, counters.eps
+        self.dense_before, self.factor_start, self.notes = counters.dense_before, counters.factor_start, counters.notes
+        self.rounds_done = self.iteration // self.config.round_length  # saved between rounds only
+        self._round = None
 
     # --------------------------------------------------------- conversion
     @property
@@ -261,9 +334,7 @@ class Compressor(RoundCheckpoint):
                     loss = float(self.loss_fn(self.model, batch))
                     yield StepReport("calibrate", step, cfg.calibration_batches, loss, self._elapsed())
             stats.reduce(self.reduce)
-            covariance = stats.covariance()
-            damping = cfg.whitening_damping
-            bases = lambda name, linear: whitened_bases(linear.weight, covariance[name], damping)  # noqa: E731
+            bases = layer_bases_whitened_by(stats.covariance(), cfg.whitening_damping)
         self._adopt(self.convert_layers(self.model, aux_rank=cfg.aux_rank, seed=self.seed, bases=bases))
 
     def _adopt(self, layers: dict[str, BasisLinear]) -> None:
@@ -290,7 +361,7 @@ class Compressor(RoundCheckpoint):
             groups.append({"params": aux, "lr": self.config.aux_lr})
         return torch.optim.AdamW(groups, weight_decay=0.0)
 
-    def _curvature_source(self):
+    def _curvature_source(self) -> CurvatureSource:
         """What each profiling step measures: only what the score reads (see :class:`~bsi.method.scores.Score`)."""
         cfg = self.config
         if not self.score.needs_gradient:
@@ -344,7 +415,7 @@ class Compressor(RoundCheckpoint):
         """Iterations of the round in progress done so far (0 between rounds)."""
         return self.iteration - self.rounds_done * self.config.round_length
 
-    def _next_batch(self) -> dict:
+    def _next_batch(self) -> Batch:
         """Count one more iteration and take its batch."""
         self.iteration += 1
         return next(self.batches)
@@ -367,7 +438,7 @@ class Compressor(RoundCheckpoint):
         """score_window round: the tuning steps' per-example gradients join the round's sums."""
         return self.config.score_window == "round" and self.score.needs_gradient
 
-    def _train_step(self, batch: dict, total: int) -> StepReport:
+    def _train_step(self, batch: Batch, total: int) -> StepReport:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         layers = [self.layers[n] for n in self.names]
@@ -377,7 +448,7 @@ class Compressor(RoundCheckpoint):
             # hooks all-reduce, so every rank must take part (its NaN then makes every
             # rank skip this step together). Alone, the step is skipped as before.
             if loss.requires_grad:
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         checks = [torch.isfinite(loss).all()] + [torch.isfinite(g).all() for g in grads]
         finite = bool(torch.stack(checks).all())  # one host-device sync, not one per tensor
@@ -399,7 +470,7 @@ class Compressor(RoundCheckpoint):
 
         return {n: _LayerStats(zeros(n), zeros(n), pools[n], zeros(n)) for n in self.names}
 
-    def _add_tuning_statistics(self, recorder: SigmaGradientRecorder, batch: dict) -> None:
+    def _add_tuning_statistics(self, recorder: SigmaGradientRecorder, batch: Batch) -> None:
         """Add a tuning step's per-example sigma-gradients to the round's sums (before sigma moves).
 
         The gradient is that of the tuning loss (the task loss, or task plus
@@ -407,19 +478,20 @@ class Compressor(RoundCheckpoint):
         :class:`~bsi.method.curvature.Fisher`, with ``N`` the batch's loss terms.
         """
         fisher = self.score.needs_curvature and self.source.name == "fisher"
-        count = self.loss_fn.count(batch) if fisher else 0
+        count = self.loss_fn.count(batch) if fisher else 0  # type: ignore[attr-defined]  # fisher's loss has .count
         sums = self._sums()
         for n in self.names:
             layer, stats = self.layers[n], sums.layers[n]
             squares = recorder.squares(layer).float()
             stats.grad.add_(recorder.gradient(layer).float())
+            assert stats.grad_squares is not None, "only a profiling step, after the tuning steps, drops the variances"
             stats.grad_squares.add_(squares)
             if fisher:
                 stats.curvature.add_(squares * count)
         sums.gradient_batches += 1
         sums.curvature_batches += int(fisher)
 
-    def _profile_step(self, batch: dict, total: int) -> StepReport:
+    def _profile_step(self, batch: Batch, total: int) -> StepReport:
         sums = self._sums()
         if not sums.profiling:
             self._open_round(sums)
@@ -505,6 +577,7 @@ class Compressor(RoundCheckpoint):
     @torch.no_grad()
     def _monitor_loss(self) -> float:
         """The task loss on the fixed monitor batch, averaged over processes (eval mode)."""
+        assert self._monitor is not None, "run() takes the monitor batch before the first round"
         with evaluation_mode(self.model):
             loss = self.loss_fn(self.model, self._monitor).detach().float().reshape(1)
         return float(self.reduce(loss.to(self.device)) / self.reduce(torch.ones(1, device=self.device)))
@@ -535,7 +608,9 @@ class Compressor(RoundCheckpoint):
             grad_se = (self.reduce(s.grad_squares).sqrt() / count
                        if self.score.tests_gradient and s.grad_squares is not None else None)
             terms = self.score.terms(sigma, grad, curvature, grad_se=grad_se, gradient_z=cfg.gradient_z)
-            stats[n] = LayerScores(sigma, grad, curvature, terms, sum(terms.values()), s.pool)
+            importance = sum(terms.values())
+            assert isinstance(importance, torch.Tensor), "a score has at least one term"
+            stats[n] = LayerScores(sigma, grad, curvature, terms, importance, s.pool)
             if grad_se is not None and cfg.gradient_z > 0:
                 kept = terms["gradient"][s.pool] != 0
                 tested[0] += int(kept.sum())
@@ -586,15 +661,15 @@ class Compressor(RoundCheckpoint):
             if keep.numel() < before:
                 self.prune_layer(layer, keep)
                 slice_optimizer_state(self.optimizer, layer.sigma, keep)
-            cpu = lambda t: None if t is None else t.detach().float().cpu()  # noqa: E731
             reports.append(LayerRound(
-                name=n, basis_ids=ids.cpu(), sigma=cpu(st.sigma), grad=cpu(st.grad),
-                hessian=cpu(st.curvature), importance=cpu(st.importance),
-                terms={k: cpu(v) for k, v in st.terms.items()}, pool=pools[n], pruned=pruned[n].cpu(),
+                name=n, basis_ids=ids.cpu(), sigma=_cpu_copy(st.sigma), grad=_cpu_copy(st.grad),
+                hessian=_cpu_copy(st.curvature), importance=_cpu_copy(st.importance),
+                terms={k: _cpu_copy(v) for k, v in st.terms.items()}, pool=pools[n], pruned=pruned[n].cpu(),
                 rank_before=before, rank_after=layer.rank, params_after=layer.stored_parameters(),
             ))
         loss_after = self._monitor_loss()
         now, _ = compressible_parameters(self.model)
+        assert self._round is not None, "the round closes here"
         losses = self._round.losses
         mean_loss = sum(losses) / len(losses) if losses else float("nan")
         report = RoundReport(

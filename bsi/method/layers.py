@@ -32,6 +32,8 @@ never lost to bf16 rounding.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -102,6 +104,8 @@ class BasisLinear(FactoredLinear):
     FROZEN_PARAMETERS = ("U", "V", "bias")
     STORAGE = "U"
 
+    basis_ids: torch.Tensor  # a buffer (registered in __init__), so that it moves and saves with the layer
+
     def __init__(
         self,
         in_features: int,
@@ -126,7 +130,7 @@ class BasisLinear(FactoredLinear):
             self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
         else:
             self.bias = None
-        self.recorder: "SigmaGradientRecorder | None" = None  # set by the Fisher curvature sources
+        self.recorder: SigmaGradientRecorder | None = None  # set by the Fisher curvature sources
 
     # ------------------------------------------------------------------ build
     @classmethod
@@ -136,7 +140,7 @@ class BasisLinear(FactoredLinear):
         aux_rank: int = 8,
         generator: torch.Generator | None = None,
         bases: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    ) -> "BasisLinear":
+    ) -> BasisLinear:
         """Re-parameterise ``linear`` exactly: same outputs, now as bases and coefficients.
 
         Args:
@@ -161,6 +165,7 @@ class BasisLinear(FactoredLinear):
                 noise = torch.randn(in_features, aux_rank, generator=generator)
                 layer.aux_v.copy_(noise / in_features**0.5)
             if linear.bias is not None:
+                assert layer.bias is not None, "a layer built from a linear layer with a bias has one"
                 layer.bias.copy_(linear.bias.detach())
         return layer
 
@@ -258,7 +263,7 @@ class SigmaGradientRecorder:
         self.sums: dict[int, torch.Tensor] = {}  # id(layer) -> (r,) sum over examples of g_b
         self.layers: list[BasisLinear] = []
 
-    def attach(self, layers: list[BasisLinear]) -> "SigmaGradientRecorder":
+    def attach(self, layers: list[BasisLinear]) -> SigmaGradientRecorder:
         self.layers = list(layers)
         for layer in self.layers:
             layer.recorder = self
@@ -269,10 +274,10 @@ class SigmaGradientRecorder:
             layer.recorder = None
         self.layers = []
 
-    def __enter__(self) -> "SigmaGradientRecorder":
+    def __enter__(self) -> SigmaGradientRecorder:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.detach()
 
     def reset(self) -> None:
@@ -295,7 +300,7 @@ class SigmaGradientRecorder:
             else:
                 self.square_sums[key], self.sums[key] = squares, total
 
-        scaled.register_hook(hook)
+        scaled.register_hook(hook)  # type: ignore[no-untyped-call]  # torch leaves Tensor.register_hook unannotated
 
     def squares(self, layer: BasisLinear) -> torch.Tensor:
         """``sum_b g_b**2`` of ``layer`` since the last reset (zeros if it saw no backward), (r,)."""
@@ -336,19 +341,19 @@ class LowRankLinear(FactoredLinear):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        # registered before `down`: the parameters come in the order A, (bias), B, as before the two modules
+        # registered before `down`: the parameters keep the order A, (bias), B of format 2's one-module layer
         self.up = _zero_linear(rank, out_features, bias, dtype, device)
         self.down = _zero_linear(in_features, rank, False, dtype, device)
 
     @property
     def A(self) -> nn.Parameter:
         """The left factor, (out, k): ``up``'s weight."""
-        return self.up.weight
+        return cast(nn.Parameter, self.up.weight)  # torch's stubs declare nn.Linear.weight a plain Tensor
 
     @property
     def B(self) -> nn.Parameter:
         """The right factor, (k, in): ``down``'s weight."""
-        return self.down.weight
+        return cast(nn.Parameter, self.down.weight)  # as for A
 
     @property
     def bias(self) -> nn.Parameter | None:  # type: ignore[override]
@@ -356,7 +361,7 @@ class LowRankLinear(FactoredLinear):
         return self.up.bias
 
     @classmethod
-    def from_basis(cls, layer: BasisLinear) -> "LowRankLinear":
+    def from_basis(cls, layer: BasisLinear) -> LowRankLinear:
         """Fold ``sigma`` into the left factor and append the auxiliary vectors."""
         a = torch.cat([layer.U.detach().float() * layer.sigma.detach(), layer.aux_u.detach().float()], dim=1)
         b = torch.cat([layer.V.detach().float(), layer.aux_v.detach().float()], dim=1).T
@@ -366,6 +371,7 @@ class LowRankLinear(FactoredLinear):
             out.A.copy_(a)
             out.B.copy_(b)
             if layer.bias is not None:
+                assert out.bias is not None, "built with a bias when the layer has one"
                 out.bias.copy_(layer.bias)
         return out
 
@@ -375,7 +381,8 @@ class LowRankLinear(FactoredLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (..., in) -> (..., k) -> (..., out); the same F.linear calls as a two-factor layer
-        return self.up(self.down(x))
+        y: torch.Tensor = self.up(self.down(x))
+        return y
 
     def dense_weight(self) -> torch.Tensor:
         """``A B``, (out, in), fp32."""

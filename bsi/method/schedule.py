@@ -33,7 +33,7 @@ most ``max_cut_factor`` times the round's even share of its bases
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -196,8 +196,9 @@ def mass_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, to
         else:
             hi = mid
     best_lo, best_hi = at(lo), at(hi)
-    gap = lambda p: abs(parameters_after(shapes, p, measure) - budget)  # noqa: E731
-    return best_lo if gap(best_lo) <= gap(best_hi) else best_hi
+    gap_lo = abs(parameters_after(shapes, best_lo, measure) - budget)
+    gap_hi = abs(parameters_after(shapes, best_hi, measure) - budget)
+    return best_lo if gap_lo <= gap_hi else best_hi
 
 
 def global_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, torch.Tensor],
@@ -241,8 +242,9 @@ def global_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, 
             lo = mid
         else:
             hi = mid
-    gap = lambda k: abs(parameters_after(shapes, at(k), measure) - budget)  # noqa: E731
-    return at(lo) if gap(lo) < gap(hi) else at(hi)
+    gap_lo = abs(parameters_after(shapes, at(lo), measure) - budget)
+    gap_hi = abs(parameters_after(shapes, at(hi), measure) - budget)
+    return at(lo) if gap_lo < gap_hi else at(hi)
 
 
 def select_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, torch.Tensor],
@@ -263,8 +265,8 @@ def select_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, 
         caps = {n: min(pools[n].numel(), max(1, 2 * c)) for n, c in caps.items()}
 
 
-def widen_pools(rho: float, pool_at, shapes: Mapping[str, LayerShape], budget: int, measure: str,
-                margin: float = 1.5) -> float:
+def widen_pools(rho: float, pool_at: Callable[[float], Mapping[str, torch.Tensor]], shapes: Mapping[str, LayerShape],
+                budget: int, measure: str, margin: float = 1.5) -> float:
     """The largest ``rho`` <= the given one whose pools, pruned entirely, could reach ``budget`` with ``margin``.
 
     ``pool_at(rho) -> {name: positions}`` gives the pools at a rho. Returns

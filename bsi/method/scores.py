@@ -80,10 +80,12 @@ class Score:
             raise BSIError(f"score '{self.name}' needs the gradient{' and the curvature' if self.needs_curvature else ''}")
         out: dict[str, torch.Tensor] = {}
         if self.needs_gradient:
+            assert grad is not None  # checked above
             if self.tests_gradient and grad_se is not None and gradient_z > 0:
                 grad = significant_gradient(grad, grad_se, gradient_z)
             out["gradient"] = -sigma * grad.float()  # first-order term
         if self.needs_curvature:
+            assert curvature is not None  # checked above
             out["curvature"] = 0.5 * sigma.square() * curvature.float()  # second-order term
         if not out:
             out["magnitude"] = sigma.abs()
@@ -93,7 +95,9 @@ class Score:
                  curvature: torch.Tensor | None = None, *, grad_se: torch.Tensor | None = None,
                  gradient_z: float = 0.0) -> torch.Tensor:
         """(r,) float32 importance; bases with small or negative values go first."""
-        return sum(self.terms(sigma, grad, curvature, grad_se=grad_se, gradient_z=gradient_z).values())
+        total = sum(self.terms(sigma, grad, curvature, grad_se=grad_se, gradient_z=gradient_z).values())
+        assert isinstance(total, torch.Tensor), "a score has at least one term"
+        return total
 
 
 #: name -> score. The registry the config, the CLI and the dashboard read.
@@ -184,7 +188,8 @@ def eps_rule(sigma_max: float, dtype: torch.dtype, alpha: float = 0.01, eps_max:
 
 
 # -------------------------------------------------------------- Hutchinson
-def rademacher(n: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+def rademacher(n: int, generator: torch.Generator | None = None,
+               device: torch.device | str | None = None) -> torch.Tensor:
     """A vector of n independent +1/-1 entries, each with probability 1/2, (n,) float32."""
     bits = torch.randint(0, 2, (n,), generator=generator, dtype=torch.int8)
     return (bits.float() * 2 - 1).to(device)
@@ -253,7 +258,8 @@ def candidate_pool(sigma: torch.Tensor, rho: float) -> torch.Tensor:
 
 def pool_rho(keep_ratio: float, gamma: float, rounds: int) -> float:
     """``rho = KeepRatio ** (gamma / T)``: the sigma-mass share protected from pruning."""
-    return keep_ratio ** (gamma / rounds)
+    rho: float = keep_ratio ** (gamma / rounds)  # float ** float is typed Any (it is complex for a negative base)
+    return rho
 
 
 # ------------------------------------------------------------------- pruning

@@ -39,7 +39,7 @@ def parent_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> nn.Module:
     """Put ``new`` where submodule ``name`` is; returns the module it replaced."""
     parent, attr = parent_and_attr(model, name)
-    old = getattr(parent, attr)
+    old: nn.Module = getattr(parent, attr)
     setattr(parent, attr, new)
     return old
 
@@ -155,7 +155,7 @@ def basis_form(model: nn.Module, names: Sequence[str], aux_rank: int = 0) -> Ite
             p.requires_grad_(flags.get(id(p), p.requires_grad))
 
 
-def to_exported_form(model: nn.Module) -> dict[str, dict]:
+def to_exported_form(model: nn.Module) -> dict[str, dict[str, str | int | bool]]:
     """Swap each `BasisLinear` for its cheapest plain form, in place; return the layer table.
 
     A layer becomes a two-factor `LowRankLinear` when ``(rank + aux) * (in +
@@ -163,11 +163,12 @@ def to_exported_form(model: nn.Module) -> dict[str, dict]:
     table (name -> {"kind", "rank", "in", "out", "bias"}) is what the export's
     JSON records so that loading can rebuild the same modules.
     """
-    table: dict[str, dict] = {}
+    table: dict[str, dict[str, str | int | bool]] = {}
     for name, layer in basis_layers(model).items():
+        new: nn.Module
         if layer.factor_parameters() < layer.dense_parameters():
-            new: nn.Module = LowRankLinear.from_basis(layer)
-            kind, rank = "lowrank", new.rank
+            low_rank = LowRankLinear.from_basis(layer)
+            new, kind, rank = low_rank, "lowrank", low_rank.rank
         else:
             new = layer.to_linear()
             kind, rank = "dense", min(layer.in_features, layer.out_features)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -41,6 +42,9 @@ __all__ = [
     "probes_needed", "relative_error_by_probes", "sample_complexity", "sample_complexity_psd",
     "variance_bound_frobenius", "variance_bound_power_law", "zeta",
 ]
+
+#: What the loss-change bounds work on, elementwise: plain numbers, or tensors of one shape.
+_Values = TypeVar("_Values", float, torch.Tensor)
 
 
 # ------------------------------------------------------------ special sums
@@ -60,7 +64,9 @@ def zeta(p: float, terms: int = 64) -> float:
         raise BSIError(f"zeta(p) diverges for p <= 1, got p={p} (a power-law exponent must exceed 1/2)")
     n = int(terms)
     head = math.fsum(k ** -p for k in range(1, n))
-    tail = n ** (1 - p) / (p - 1) + 0.5 * n ** -p + p * n ** (-p - 1) / 12 - p * (p + 1) * (p + 2) * n ** (-p - 3) / 720
+    # int ** float is typed Any (it would be complex for a negative base; n >= 1 here)
+    tail: float = (n ** (1 - p) / (p - 1) + 0.5 * n ** -p + p * n ** (-p - 1) / 12
+                   - p * (p + 1) * (p + 2) * n ** (-p - 3) / 720)
     return head + tail
 
 
@@ -201,7 +207,7 @@ def relative_error_by_probes(estimates: torch.Tensor, exact: torch.Tensor, probe
 
 
 # -------------------------------------------------------------- loss change
-def loss_change_bound(grad, hessian_diag, step, rho: float):
+def loss_change_bound(grad: _Values, hessian_diag: _Values, step: _Values, rho: float) -> _Values:
     """Bound on ``|dl|`` when coefficient ``i`` moves by ``step`` (pruning: ``step = sigma_i``).
 
     ``|dl| <= | -g_i s_i + 1/2 H_ii s_i^2 | + rho/6 |s_i|^3`` if the Hessian is
@@ -213,7 +219,8 @@ def loss_change_bound(grad, hessian_diag, step, rho: float):
     return abs(-grad * step + 0.5 * hessian_diag * step**2) + rho / 6 * abs(step) ** 3
 
 
-def loss_change_bound_estimated(grad, hessian_estimate, step, rho: float, error: float):
+def loss_change_bound_estimated(grad: _Values, hessian_estimate: _Values, step: _Values, rho: float,
+                                error: float) -> _Values:
     """:func:`loss_change_bound` with an *estimated* diagonal ``H^_ii`` of relative error ``e < 1``.
 
     ``|H_ii - H^_ii| <= e |H_ii|`` implies ``|H_ii| <= |H^_ii| / (1 - e)`` and

@@ -344,7 +344,7 @@ class SuffixLoss:
         device = next(self.model.parameters()).device
         for batch in self.batches:
             seen: list[tuple[tuple, dict]] = []
-            hooks = [block.register_forward_pre_hook(lambda m, a, k: seen.append((a, k)), with_kwargs=True)
+            hooks = [block.register_forward_pre_hook(lambda m, a, k, record=seen.append: record((a, k)), with_kwargs=True)
                      for block in self.blocks]
             try:
                 with torch.inference_mode():
@@ -359,8 +359,8 @@ class SuffixLoss:
             self.inputs.append(seen)
 
     def __call__(self, layer: str | None = None) -> float:
-        from bsi.method.names import layer_block
         from bsi.data import IGNORE_INDEX
+        from bsi.method.names import layer_block
 
         block = layer_block(layer) if layer is not None else None
         if not self.inputs or block is None or not 0 <= block < len(self.blocks):

@@ -87,7 +87,7 @@ def _fsdp():
     """``torch.distributed.fsdp`` with FSDP2 (``fully_shard``, torch >= 2.6), or a clear error."""
     try:
         from torch.distributed import fsdp
-        fsdp.fully_shard, fsdp.FSDPModule  # noqa: B018 - present from torch 2.6
+        _ = fsdp.fully_shard, fsdp.FSDPModule  # present from torch 2.6
     except (ImportError, AttributeError):
         raise BSIError(f"fsdp needs torch >= 2.6 (torch.distributed.fsdp.fully_shard); this is torch "
                        f"{torch.__version__}: upgrade torch or run without --fsdp") from None

@@ -39,7 +39,6 @@ a truncation method, its bases to :data:`TRUNCATIONS`.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -47,18 +46,19 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from bsi.config import METHOD_SPECS, CompressConfig, MethodSpec
+from bsi.config import METHOD_SPECS, BaselineConfig, CompressConfig, MethodSpec
+from bsi.data import BatchUse
 from bsi.errors import BSIError
 from bsi.method.bases import weighted_svd, whitened_bases
 from bsi.method.engine import Compressor
 from bsi.method.schedule import LayerShape
 from bsi.method.surgery import Bases, compressible_linear_names, size_report, to_basis_form
 from bsi.pipeline.baselines import (
+    SuffixLoss,
     activation_scales,
     fisher_row_information,
     fisher_row_weights,
     input_statistics,
-    SuffixLoss,
     sensitivity_ranks,
     truncation_sensitivity,
     uniform_ranks,
@@ -66,67 +66,6 @@ from bsi.pipeline.baselines import (
 from bsi.pipeline.distributed import DistContext
 from bsi.pipeline.losses import answer_token_loss
 from bsi.reports import Report, RoundReport, StageReport
-
-ALLOCATIONS = ("published", "uniform", "sensitivity")
-FISHER = ("example", "batch")
-
-
-@dataclass
-class BaselineConfig:
-    """Settings of the truncation baselines (the engine methods ignore them).
-
-    Their calibration batches are ``compress.calibration_batches``, the same
-    number the engine's whitened bases use. The defaults are the published
-    methods; the other values exist to measure what each shortcut changes
-    (docs/method.md, "Protocols").
-
-    Args:
-        alpha: ASVD's exponent in ``s_j = mean|x_j| ** alpha``.
-        allocation: ``published`` (each method's own: sensitivity for ASVD,
-            uniform for the others), ``uniform`` (every layer keeps the same
-            share of its size) or ``sensitivity`` (ASVD's loss-driven
-            allocation: one loss evaluation per layer and share).
-        sensitivity_shares: the shares of a layer's size ``sensitivity`` tries (one loss evaluation each, per layer);
-            a target below the smallest share cannot be reached by it.
-        sensitivity_batches: batches the sensitivity loss is measured on.
-        fisher: FWSVD's information, ``example`` (per-example squared
-            gradients, published) or ``batch`` (squared batch-mean gradients).
-        aux_rank: auxiliary vectors per layer, paid out of the rank (0, as
-            published: none).
-    """
-
-    alpha: float = 0.5
-    allocation: str = "published"
-    sensitivity_shares: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.4, 0.7)
-    sensitivity_batches: int = 1
-    fisher: str = "example"
-    aux_rank: int = 0
-
-    def __post_init__(self) -> None:
-        self.sensitivity_shares = tuple(sorted(float(s) for s in self.sensitivity_shares))
-        if not self.alpha >= 0:
-            raise BSIError(f"alpha must be >= 0, got {self.alpha}")
-        if self.allocation not in ALLOCATIONS:
-            raise BSIError(f"allocation must be one of {', '.join(ALLOCATIONS)}, got '{self.allocation}'")
-        if not self.sensitivity_shares or not all(0 < s <= 1 for s in self.sensitivity_shares):
-            raise BSIError(f"sensitivity_shares must be values in (0, 1], got {self.sensitivity_shares}")
-        if self.sensitivity_batches < 1:
-            raise BSIError(f"sensitivity_batches must be >= 1, got {self.sensitivity_batches}")
-        if self.fisher not in FISHER:
-            raise BSIError(f"fisher must be one of {', '.join(FISHER)}, got '{self.fisher}'")
-        if not (isinstance(self.aux_rank, int) and self.aux_rank >= 0):
-            raise BSIError(f"the baselines' aux_rank must be an integer >= 0, got {self.aux_rank}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "BaselineConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise BSIError(f"unknown baseline setting(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
-        return cls(**dict(data))
 
 
 @dataclass
@@ -179,7 +118,8 @@ class MethodContext:
         config: the ``compress`` settings (sizes, schedule, bases, score).
         seed: the run's seed.
         batches: ``batches(use)``, a fresh stream of this process's training
-            batches for one use (2: the engine's rounds, 4: calibration, 5: ASVD's sensitivity).
+            batches for one :class:`~bsi.data.BatchUse` (``COMPRESS``: the engine's rounds,
+            ``CALIBRATE``: the baselines' calibration, ``SENSITIVITY``: ASVD's sensitivity).
         dist: the processes taking part (``reduce`` sums a tensor over them, ``mean`` averages a number).
         baseline: the truncation methods' settings.
         engine: what the engine methods need of the run (:class:`EngineRun`).
@@ -189,7 +129,7 @@ class MethodContext:
     model: nn.Module
     config: CompressConfig
     seed: int
-    batches: Callable[[int], Iterator[dict]]
+    batches: Callable[[BatchUse], Iterator[dict]]
     dist: DistContext = field(default_factory=DistContext)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
     engine: EngineRun = field(default_factory=EngineRun)
@@ -234,7 +174,7 @@ class EngineMethod:
         the rounds continue after the last complete one.
         """
         cfg, run = context.config, context.engine
-        stream = context.batches(2)
+        stream = context.batches(BatchUse.COMPRESS)
         on_shards = {"convert_layers": run.sharding.convert, "prune_layer": run.sharding.keep} if run.sharding else {}
         compressor = Compressor(context.model, stream, cfg, answer_token_loss, train_loss_fn=run.train_loss,
                                 compute_dtype=run.compute_dtype, reduce=context.dist.reduce, seed=context.seed,
@@ -274,15 +214,15 @@ def _plain(context: MethodContext, dense: Mapping[str, nn.Linear]):
 
 def _whitened(context: MethodContext, dense: Mapping[str, nn.Linear]):
     cfg = context.config
-    stats = yield from input_statistics(context.model, dense, context.batches(4), cfg.calibration_batches,
-                                        covariance=True)
+    stats = yield from input_statistics(context.model, dense, context.batches(BatchUse.CALIBRATE),
+                                        cfg.calibration_batches, covariance=True)
     stats.reduce(context.dist.reduce)
     covariance = stats.covariance()
     return lambda name, linear: whitened_bases(linear.weight, covariance[name], cfg.whitening_damping)
 
 
 def _fisher_weighted(context: MethodContext, dense: Mapping[str, nn.Linear]):
-    rows = yield from fisher_row_information(context.model, dense, context.batches(4),
+    rows = yield from fisher_row_information(context.model, dense, context.batches(BatchUse.CALIBRATE),
                                              context.config.calibration_batches, answer_token_loss,
                                              per_example=context.baseline.fisher == "example")
     weights = {n: fisher_row_weights(context.dist.reduce(rows[n])) for n in dense}
@@ -290,7 +230,8 @@ def _fisher_weighted(context: MethodContext, dense: Mapping[str, nn.Linear]):
 
 
 def _activation_scaled(context: MethodContext, dense: Mapping[str, nn.Linear]):
-    stats = yield from input_statistics(context.model, dense, context.batches(4), context.config.calibration_batches)
+    stats = yield from input_statistics(context.model, dense, context.batches(BatchUse.CALIBRATE),
+                                        context.config.calibration_batches)
     stats.reduce(context.dist.reduce)
     scales = {n: activation_scales(m, context.baseline.alpha) for n, m in stats.abs_mean().items()}
     return lambda name, linear: weighted_svd(linear.weight, None, scales[name])
@@ -345,7 +286,7 @@ def calibration_loss(context: MethodContext) -> Callable[[str | None], float]:
     all of them is returned everywhere, so that every process allocates the
     same ranks (a collective: all call it together).
     """
-    stream = context.batches(5)
+    stream = context.batches(BatchUse.SENSITIVITY)
     suffix = SuffixLoss(context.model, [next(stream) for _ in range(context.baseline.sensitivity_batches)],
                         answer_token_loss)
 

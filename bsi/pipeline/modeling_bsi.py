@@ -344,7 +344,7 @@ class BSICompressedForCausalLM(PreTrainedModel):
 
     config_class = BSICompressedConfig
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: D107 - see the class docstring
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # see the class docstring
         raise TypeError("BSICompressedForCausalLM is a loader: use AutoModelForCausalLM.from_pretrained(folder, "
                         "trust_remote_code=True)")
 

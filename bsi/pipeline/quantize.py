@@ -30,6 +30,7 @@ its own map, which the folder's loader reads back.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ def check_quantization(scheme: str, device: str | torch.device = "cpu") -> str:
     if scheme not in SCHEMES:
         raise BSIError(f"--quantize {scheme}: bsi quantizes to {', '.join(SCHEMES)} (weight-only); choose one of them")
     try:
-        import optimum.quanto  # noqa: F401
+        importlib.import_module("optimum.quanto")
     except ImportError:
         raise BSIError(f"--quantize needs optimum-quanto, which is not installed: {INSTALL_HINT}") from None
     kind = torch.device(device).type

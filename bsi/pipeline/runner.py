@@ -48,26 +48,48 @@ import shutil
 import tempfile
 import time
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from bsi.pipeline.checkpoint import load_checkpoint, save_checkpoint
 from bsi.config import PipelineConfig, RecoverConfig, is_engine_method, protocol_deviations, resolve_config
-from bsi.data import (EMBEDDED_TASK, EOS_SEPARATOR, BatchStream, TaskData, TextBatchStream, TextTask, is_text_task,
-                      load_task, read_text_corpus, set_aside_windows, tokenize_corpus)
-from bsi.pipeline.distributed import from_environment
-from bsi.method.engine import Compressor
+from bsi.data import (
+    EMBEDDED_TASK,
+    EOS_SEPARATOR,
+    PROCESS_SEED_STRIDE,
+    BatchStream,
+    BatchUse,
+    Example,
+    TaskData,
+    TextBatchStream,
+    TextTask,
+    is_text_run,
+    load_task,
+    read_text_corpus,
+    set_aside_windows,
+    tokenize_corpus,
+)
 from bsi.errors import BSIError
-from bsi.pipeline.losses import DistillationLoss, MatmulAutocast, answer_token_loss
+from bsi.files import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir, refuse_to_replace
+from bsi.method.engine import Compressor
+from bsi.method.surgery import compressible_linear_names, compressible_parameters, model_parameters, sigma_max
+from bsi.models import (
+    cache_root,
+    enable_checkpointing,
+    load_model_and_tokenizer,
+    model_id,
+    resolve_autocast,
+    resolve_device,
+    resolve_dtype,
+)
+from bsi.pipeline.checkpoint import load_checkpoint, save_checkpoint
+from bsi.pipeline.distributed import from_environment
 from bsi.pipeline.evaluate import Evaluation, Metrics, evaluate
 from bsi.pipeline.export import WEIGHTS, write_model_files
-from bsi.files import atomic_directory, atomic_write_json, atomic_write_text, check_output_dir, refuse_to_replace
-from bsi.models import (cache_root, enable_checkpointing, load_model_and_tokenizer, model_id, resolve_autocast,
-                        resolve_device, resolve_dtype)
-from bsi.method.surgery import compressible_linear_names, compressible_parameters, model_parameters
+from bsi.pipeline.losses import DistillationLoss, MatmulAutocast, answer_token_loss
 from bsi.pipeline.methods import BaselineConfig, EngineResume, EngineRun, MethodContext, engine_method, get_method
 from bsi.pipeline.perplexity import LOSS_MEANING, measure_perplexity, model_context
 from bsi.pipeline.stages import DENSE_RECOVERY, SkipLimit, eval_report, evaluate_model, recover_model, train_dense
@@ -76,6 +98,43 @@ from bsi.results import RunSummary
 
 CHECKPOINT = "checkpoint"  # sub-folder of out_dir holding the last complete round
 ROUND_RECORDS = "rounds-layers.jsonl.gz"  # every round's full per-layer record (RoundReport.to_dict(), one a line)
+#: The probe seeds of a run's processes lie this far apart (a prime, unlike the batch streams' PROCESS_SEED_STRIDE),
+#: so that no process's probes repeat another's batches' seed; part of every engine run's reproducibility.
+PROBE_SEED_STRIDE = 7919
+
+
+@dataclass(frozen=True)
+class DenseReference:
+    """What the reference stage measured of the fine-tuned dense model: what every compressed model is compared with.
+
+    ``params``: all its parameters. ``evaluation``: its per-problem (or
+    per-window) outcomes; None when it was not evaluated here (the run
+    evaluates nothing, a sweep measured it before, or a resumed run measured
+    it before the interruption). ``perplexity_protocol``: on a text task, how
+    its perplexity was measured. ``test_problems``: the problems its
+    evaluation scored, in order (empty on a text task or without evaluation).
+    """
+
+    params: int
+    evaluation: Evaluation | None = None
+    perplexity_protocol: dict[str, Any] | None = None
+    test_problems: tuple[Example, ...] = ()
+
+
+@dataclass(frozen=True)
+class EpsPreview:
+    """The perturbation intensity a run will use, computed as its compress stage computes it (:meth:`Pipeline.preview_eps`).
+
+    ``sigma_max`` is the largest coefficient of the bases the run prunes and
+    ``eps`` the engine's value of the eps rule from it. ``before_finetune``:
+    the run fine-tunes first and its fine-tuned model was not cached, so both
+    are of the model *before* that fine-tune (the run's own values come after
+    it; its log says "eps used").
+    """
+
+    sigma_max: float
+    eps: float
+    before_finetune: bool
 
 
 def compact_round(report: RoundReport) -> dict[str, Any]:
@@ -91,8 +150,8 @@ def outcome_lines(evaluations: dict[str, Evaluation], task: TaskData | None) -> 
     with ``dense_recovery``), ``index`` in the test set, the question, its
     ``reference_answer`` (the task's worked answer), the generated answer
     ``prediction`` (null: scored for the loss only), ``correct``, and the
-    answer-token ``loss_sum`` over ``tokens``. (Runs before 2026-11-26 have no
-    ``reference_answer``; :mod:`bsi.analysis.answers` reads both.)
+    answer-token ``loss_sum`` over ``tokens``. (Older files may lack
+    ``reference_answer``; :mod:`bsi.analysis.answers` reads both kinds.)
     On a text task (``task`` None) a line is a held-out window, ``index`` its
     place in the stream, ``loss_sum`` its summed next-token NLL over its
     ``tokens`` scored tokens, and nothing is answered.
@@ -168,7 +227,7 @@ def finetune_cache_key(config: PipelineConfig, dtype: torch.dtype, autocast: tor
     which windows train (``train_size``, ``validation_size``); question/answer
     tasks keep the key they always had.
     """
-    if is_text_task(config.data, config.task, config.text_field, config.question_field):
+    if is_text_run(config):
         inputs = {
             "model": model_id(config.model), "data": config.data, "task": "text", "text_field": config.text_field,
             "window": config.window, "held_out_fraction": config.held_out_fraction, "separator": EOS_SEPARATOR,
@@ -188,6 +247,14 @@ def finetune_cache_key(config: PipelineConfig, dtype: torch.dtype, autocast: tor
         **({"autocast": str(autocast)} if autocast is not None else {}),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def finetune_cache_folder(key: str, cache_dir: str | Path | None = None) -> Path:
+    """Where the fine-tuned dense model of cache key ``key`` lives (:func:`finetune_cache_key`): ``<cache>/finetuned/<key>``.
+
+    ``cache_dir``: the cache's root (default ``$BSI_CACHE`` or ``~/.cache/bsi``). The one place the path is spelled.
+    """
+    return cache_root(cache_dir) / "finetuned" / key
 
 
 def saved_run_finetune_key(config: PipelineConfig, summary: dict[str, Any]) -> str:
@@ -239,7 +306,7 @@ class Pipeline:
         self.model: nn.Module | None = None
         self.teacher: nn.Module | None = None
         self.tokenizer: Any = None
-        self.is_text = is_text_task(config.data, config.task, config.text_field, config.question_field)
+        self.is_text = is_text_run(config)
         self.task: TaskData | None = None  # a question/answer task (None on a text task)
         self.text: TextTask | None = None  # a text task, tokenized (None on a question/answer task)
         self.train_windows: torch.Tensor | None = None  # (W, window): the text windows that train
@@ -261,7 +328,7 @@ class Pipeline:
         self.before_cut: Any = None
 
     @classmethod
-    def resume(cls, out_dir: str | Path, cache_dir: str | Path | None = None) -> "Pipeline":
+    def resume(cls, out_dir: str | Path, cache_dir: str | Path | None = None) -> Pipeline:
         """A pipeline that continues the interrupted run whose ``--out`` was ``out_dir``.
 
         The run's own configuration is read back from the checkpoint; stage 1
@@ -318,12 +385,14 @@ class Pipeline:
         if cfg.gradient_checkpointing:
             enable_checkpointing(self.model)
 
-    def stream(self, seed_offset: int) -> BatchStream | TextBatchStream:
-        """The training batches of one use (1: fine-tune, 2: compress, 3: recover, 4-5: baselines), per process.
+    def stream(self, use: BatchUse) -> BatchStream | TextBatchStream:
+        """A fresh stream of this process's training batches for one :class:`~bsi.data.BatchUse`.
 
-        On a text task, batches of training windows (:class:`~bsi.data.TextBatchStream`).
+        Seeded ``run seed + use + PROCESS_SEED_STRIDE * rank``: each use and
+        each process draws its own order. On a text task, batches of training
+        windows (:class:`~bsi.data.TextBatchStream`).
         """
-        seed = self.config.seed + seed_offset + 1000 * self.dist.rank  # each process its own batches
+        seed = self.config.seed + int(use) + PROCESS_SEED_STRIDE * self.dist.rank
         if self.train_windows is not None:
             return TextBatchStream(self.train_windows, batch_size=self.config.batch_size, seed=seed)
         assert self.task is not None
@@ -339,7 +408,7 @@ class Pipeline:
     @property
     def finetune_folder(self) -> Path:
         """Where this run's fine-tuned dense model is cached: under its :func:`finetune_cache_key`."""
-        return cache_root(self.cache_dir) / "finetuned" / finetune_cache_key(self.config, self.dtype, self.autocast)
+        return finetune_cache_folder(finetune_cache_key(self.config, self.dtype, self.autocast), self.cache_dir)
 
     def finetune_stage(self) -> Iterator[Report]:
         """Stage 1: dense task fine-tuning, cached by a hash of its inputs."""
@@ -353,7 +422,7 @@ class Pipeline:
             yield StageReport("finetune", "end", str(folder), cached=True)
             return
         yield StageReport("finetune", "start", f"{cfg.finetune.steps} steps")
-        yield from train_dense(self.model, self.stream(1), cfg.finetune, dist=self.dist, skips=self.skips,
+        yield from train_dense(self.model, self.stream(BatchUse.FINETUNE), cfg.finetune, dist=self.dist, skips=self.skips,
                                loss_fn=self.training_precision(answer_token_loss))
         if self.dist.is_main:  # rank 0 writes the cache; the others hold the same weights
             folder.parent.mkdir(parents=True, exist_ok=True)
@@ -367,11 +436,39 @@ class Pipeline:
         self.dist.barrier()  # the next pipeline (a sweep's next cell) finds it on every process
         yield StageReport("finetune", "end", str(folder))
 
-    def reference_stage(self) -> Iterator[Report]:
+    def preview_eps(self) -> Generator[Report, None, EpsPreview]:
+        """The eps the compress stage will use, computed by the pipeline and the engine themselves, without pruning.
+
+        The eps rule reads the largest coefficient of the bases the run prunes,
+        so the preview takes what the run takes: the model, loaded as the run
+        loads it; its task fine-tune when the cache holds it (a preview never
+        trains: without it the values are of the model before the fine-tune);
+        and the engine's own conversion of the layers
+        (:meth:`bsi.method.engine.Compressor.convert`: with whitened bases,
+        calibration on the run's first batches of its ``COMPRESS`` stream),
+        after which the engine holds the rule's value. An ``eps`` given in the
+        settings is set aside: the preview shows the rule. Yields the stages'
+        reports; returns an :class:`EpsPreview`.
+        """
+        cfg = self.config
+        self.load()
+        no_finetune = cfg.skip_finetune or cfg.finetune.steps == 0
+        fine_tuned = no_finetune or (self.finetune_folder / "config.json").is_file()
+        if fine_tuned:
+            yield from self.finetune_stage()  # loads the cached fine-tune (or skips, as the run does)
+        rule = dataclasses.replace(cfg.compress.hutchinson, eps=None)
+        compressor = Compressor(self.model, self.stream(BatchUse.COMPRESS),
+                                dataclasses.replace(cfg.compress, hutchinson=rule), answer_token_loss,
+                                compute_dtype=self.dtype, seed=cfg.seed)
+        yield from compressor.convert()
+        return EpsPreview(sigma_max(self.model), compressor.eps, before_finetune=not fine_tuned)
+
+    def reference_stage(self) -> Generator[Report, None, DenseReference]:
         """Load, fine-tune (cached) and evaluate the dense model: what every compressed model is compared with.
 
-        Sets :attr:`reference` (the metrics) and the size counts. ``bsi sweep``
-        runs this once for its whole grid; :meth:`run` runs it first.
+        Sets :attr:`reference` (the metrics) and the size counts, and returns
+        what it measured (:class:`DenseReference`). ``bsi sweep`` runs this
+        once for its whole grid; :meth:`run` runs it first.
         """
         yield StageReport("load", "start", self.config.model)
         self.load()
@@ -384,7 +481,7 @@ class Pipeline:
             self.perplexities = dict(plain.get("perplexity", {}))
             self.round_log = list(plain["rounds"])
             self.reference = self.metrics.get("finetuned")
-            return
+            return DenseReference(self.params_before, None, self.perplexities.get("finetuned"))
         self.params_before = model_parameters(self.model)
         self.compressible_before, _ = compressible_parameters(self.model)
         if self.reference is None:
@@ -393,6 +490,9 @@ class Pipeline:
         elif self.evaluates:  # measured before (a sweep measures it once)
             self.metrics["finetuned"] = self.reference
             yield eval_report("finetuned", self.reference, self.params_before, 0.0)
+        evaluation = self.evaluations.get("finetuned")
+        scored = tuple(self.task.test[: len(evaluation.outcomes)]) if self.task is not None and evaluation else ()
+        return DenseReference(self.params_before, evaluation, self.perplexities.get("finetuned"), scored)
 
     def keep_teacher(self) -> None:
         """Keep a frozen copy of the fine-tuned dense model when a stage distils from it (once, before compression)."""
@@ -453,7 +553,7 @@ class Pipeline:
         """
         cfg = self.config.compress
         engine = EngineRun(train_loss=self.train_loss(cfg.distill), compute_dtype=self.dtype,
-                           probe_seed=self.config.seed + 7919 * self.dist.rank, before_cut=self.before_cut,
+                           probe_seed=self.config.seed + PROBE_SEED_STRIDE * self.dist.rank, before_cut=self.before_cut,
                            after_round=self.record_round)
         if self.method_is_engine:
             if self._start_sharding(cfg):
@@ -563,7 +663,7 @@ class Pipeline:
         here as ``dense-recover``). Returns the export table.
         """
         cfg = recover or self.config.recover
-        return (yield from recover_model(model, lambda: self.stream(3), cfg,
+        return (yield from recover_model(model, lambda: self.stream(BatchUse.RECOVER), cfg,
                                          loss_fn=self.train_loss(cfg.distill) if cfg.steps else None,
                                          dist=self.dist, skips=self.skips, unshard=self.unshard, stage=stage))
 

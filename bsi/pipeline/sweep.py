@@ -55,14 +55,14 @@ from torch import nn
 from bsi.analysis.answers import PROBLEMS
 from bsi.analysis.study import PUBLISHED, folder_loader, study_markdown, study_stats
 from bsi.config import PROTOCOLS, PipelineConfig, SweepConfig, is_engine_method, resolve_config
-from bsi.data import is_text_task
+from bsi.data import is_text_run
 from bsi.errors import BSIError
 from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, folder_lock
 from bsi.models import resolve_autocast, resolve_device, resolve_dtype
-from bsi.pipeline.evaluate import Evaluation, Metrics
 from bsi.pipeline.distributed import from_environment
+from bsi.pipeline.evaluate import Evaluation, Metrics
 from bsi.pipeline.methods import BaselineConfig, get_method
-from bsi.pipeline.runner import Pipeline, Report
+from bsi.pipeline.runner import DenseReference, Pipeline, Report
 from bsi.reports import SizeReport, StageReport
 from bsi.results import REFERENCE, DecodeSpeed, MethodRun, StudyRow, read_study_rows
 
@@ -105,17 +105,12 @@ def row_key(row: StudyRow) -> str:
     return cell_key(row.protocol, row.method, row.target, row.seed, row.recovered)
 
 
-def protocol_label(method: str, protocol: str) -> str:
-    """The protocol a method's rows carry: the protocol for an engine method, ``published`` for a truncation."""
-    return protocol if is_engine_method(method) else PUBLISHED
-
-
 def problems_file(seed: int) -> str:
     """A seed's test problems (questions and the task's answers, in test order), relative to the sweep folder.
 
     Written with the seed's dense row; not part of any row, so a sweep's
-    fingerprint and the merge's comparison of results do not see it. Sweeps
-    made before 2026-11-26 have none (:func:`bsi.analysis.answers.rebuild_problems`).
+    fingerprint and the merge's comparison of results do not see it. A sweep
+    folder without this file is rebuilt from its data (:func:`bsi.analysis.answers.rebuild_problems`).
     """
     return f"{OUTCOMES}/{PROBLEMS.format(seed=seed)}"
 
@@ -161,7 +156,7 @@ class Sweep:
         self.baseline = BaselineConfig.from_dict(settings.baseline)
         for method in settings.methods:
             get_method(method)
-        self.is_text = is_text_task(config.data, config.task, config.text_field, config.question_field)
+        self.is_text = is_text_run(config)
         if settings.lr_grid and not config.validation_size:
             raise BSIError("choosing the recovery learning rate (lr_grid) needs a validation set: give validation_size "
                            "(--validation-size N), held out of the training data")
@@ -500,7 +495,7 @@ class Sweep:
             groups = [{k for k in missing if k[0] == t} for t in sorted({t for t, _ in missing}, reverse=True)] \
                 if sharded else ([missing] if missing else [])
             for group in groups:
-                yield from self._run(seed, method, protocol, group, lambda key: position[keys[key]], len(cells),
+                yield from self._run(seed, method, protocol, group, lambda key, keys=keys: position[keys[key]], len(cells),
                                      own_run=sharded)
                 self.write()
         self.dist.barrier()  # the files are complete when any process returns
@@ -508,18 +503,18 @@ class Sweep:
     def _reference(self, seed: int) -> Iterator[Report]:
         """Fine-tune (cached) and evaluate the dense model of one seed: its reference row and outcomes."""
         pipeline = Pipeline(PipelineConfig.from_dict(self.config.to_dict() | {"seed": seed}), cache_dir=self.cache_dir)
-        yield from pipeline.reference_stage()
-        evaluation = pipeline.evaluations["finetuned"]
+        dense = yield from pipeline.reference_stage()
+        evaluation = dense.evaluation
+        assert evaluation is not None, "a sweep evaluates its dense model"
         row = StudyRow(method=REFERENCE, protocol=REFERENCE, target=1.0, seed=seed, fingerprint=self.fingerprint(),
-                       params_total=pipeline.params_before, params_before=pipeline.params_before,
+                       params_total=dense.params, params_before=dense.params,
                        compression_ratio=1.0, compressible_ratio=1.0, metrics=evaluation.metrics,
                        outcomes=self._save_outcomes(REFERENCE, REFERENCE, 1.0, seed, evaluation), eval_seconds=0.0,
                        # a text task: what every row's perplexity was measured on, and how
-                       perplexity_protocol=pipeline.perplexities.get("finetuned"), **self.execution())
-        if pipeline.task is not None and self.dist.is_main:  # what the answers answer (bsi answers, the Answers view)
-            scored = pipeline.task.test[: len(evaluation.outcomes)]
-            atomic_write_json(self.out_dir / problems_file(seed), {"question": [e.question for e in scored],
-                                                                   "answer": [e.answer for e in scored]})
+                       perplexity_protocol=dense.perplexity_protocol, **self.execution())
+        if dense.test_problems and self.dist.is_main:  # what the answers answer (bsi answers, the Answers view)
+            atomic_write_json(self.out_dir / problems_file(seed), {"question": [e.question for e in dense.test_problems],
+                                                                   "answer": [e.answer for e in dense.test_problems]})
         self._add_row(self.dist.from_main(row))
         self.write()
 
@@ -537,7 +532,7 @@ class Sweep:
         config = self.config_for(seed, method, protocol, targets if own_run else None)
         pipeline = Pipeline(config, cache_dir=self.cache_dir, method=method, baseline=self.baseline,
                             reference=self.dense[seed])
-        yield from pipeline.reference_stage()
+        dense = yield from pipeline.reference_stage()
         label = f"{method} ({protocol})" if is_engine_method(method) else method
         yield StageReport("compress", "start", label)
         start = time.perf_counter()
@@ -555,7 +550,8 @@ class Sweep:
         for target in [*choose_here, *(t for t in targets if t not in choose_here)]:
             model = snapshots.pop(target)
             if (target, False) in missing:
-                row = yield from self._unrecovered(pipeline, model, method, protocol, target, seed, compress_seconds)
+                row = yield from self._unrecovered(pipeline, dense, model, method, protocol, target, seed,
+                                                   compress_seconds)
                 yield CellReport(index((target, False)), total, row)
             if (target, True) not in missing:
                 continue
@@ -564,24 +560,25 @@ class Sweep:
                                                      choose=target in choose_here)
             recover_seconds = time.perf_counter() - start
             start = time.perf_counter()
-            yield from pipeline.evaluate(model, "recovered")
+            evaluation = yield from pipeline.evaluate(model, "recovered")
             made = self._method_run(pipeline, choice, compress_seconds, recover_seconds)
-            row = self._row(pipeline, model, method, protocol, target, seed, made, time.perf_counter() - start)
+            row = self._row(dense, evaluation, model, method, protocol, target, seed, made,
+                            time.perf_counter() - start)
             speed = yield from self._speed(pipeline, model)
             row = self.dist.from_main(dataclasses.replace(row, speed=speed))  # rank 0's timings everywhere
             self.rows.append(row)
             self.write(summaries=False)
             yield CellReport(index((target, True)), total, row)
 
-    def _unrecovered(self, pipeline: Pipeline, model: nn.Module, method: str, protocol: str, target: float, seed: int,
-                     compress_seconds: float):
+    def _unrecovered(self, pipeline: Pipeline, dense: DenseReference, model: nn.Module, method: str, protocol: str,
+                     target: float, seed: int, compress_seconds: float):
         """Evaluate a copy of ``model`` with no recovery (exported as recovery exports it); returns its row."""
         copied = copy.deepcopy(model)
         yield from pipeline.recover(copied, dataclasses.replace(pipeline.config.recover, steps=0))
         start = time.perf_counter()
-        yield from pipeline.evaluate(copied, "unrecovered")
+        evaluation = yield from pipeline.evaluate(copied, "unrecovered")
         made = MethodRun(recover_steps=0, compress_seconds=compress_seconds, notes=tuple(pipeline.notes))
-        row = self._row(pipeline, copied, method, protocol, target, seed, made, time.perf_counter() - start)
+        row = self._row(dense, evaluation, copied, method, protocol, target, seed, made, time.perf_counter() - start)
         row = self.dist.from_main(row)
         self.rows.append(row)
         self.write(summaries=False)
@@ -640,18 +637,18 @@ class Sweep:
                          compress_seconds=compress_seconds, recover_seconds=recover_seconds,
                          notes=tuple(pipeline.notes))
 
-    def _row(self, pipeline: Pipeline, model: nn.Module, method: str, protocol: str, target: float, seed: int,
-             made: MethodRun, eval_seconds: float) -> StudyRow:
-        """The row of ``model`` (evaluated before recovery when ``made`` has no recovery steps)."""
+    def _row(self, dense: DenseReference, evaluation: Evaluation | None, model: nn.Module, method: str, protocol: str,
+             target: float, seed: int, made: MethodRun, eval_seconds: float) -> StudyRow:
+        """The row of ``model``, measured as ``evaluation`` (before recovery when ``made`` has no recovery steps)."""
         from bsi.method.surgery import compressible_parameters, model_parameters
 
+        assert evaluation is not None, "a sweep evaluates every model"
         recovered = made.recover_steps > 0
-        evaluation = pipeline.evaluations["recovered" if recovered else "unrecovered"]
         params = model_parameters(model)
-        now, dense = compressible_parameters(model)
+        now, compressible = compressible_parameters(model)
         return StudyRow(method=method, protocol=protocol, target=target, seed=seed, fingerprint=self.fingerprint(),
-                        params_total=params, params_before=pipeline.params_before,
-                        compression_ratio=pipeline.params_before / params, compressible_ratio=now / dense,
+                        params_total=params, params_before=dense.params,
+                        compression_ratio=dense.params / params, compressible_ratio=now / compressible,
                         metrics=evaluation.metrics, run=made, eval_seconds=eval_seconds,
                         outcomes=self._save_outcomes(protocol, method, target, seed, evaluation, recovered=recovered),
                         **self.execution())

@@ -44,8 +44,13 @@ from bsi.data import BatchStream, load_task
 from bsi.data.text import load_text_task
 from bsi.method.bases import svd_bases, whitened_bases
 from bsi.method.layers import BasisLinear, break_even_rank, factor_cost
-from bsi.method.surgery import (compressible_linear_names, compressible_parameters, model_parameters, sigma_max,
-                                to_basis_form)
+from bsi.method.surgery import (
+    compressible_linear_names,
+    compressible_parameters,
+    model_parameters,
+    sigma_max,
+    to_basis_form,
+)
 from bsi.models import load_model_and_tokenizer
 from bsi.pipeline.baselines import input_statistics
 from bsi.results import read_study_rows
@@ -527,7 +532,7 @@ with torch.no_grad():
     logits_after = model(input_ids=held_out[0]["input_ids"], attention_mask=held_out[0]["attention_mask"]).logits
 logit_change = float((logits_after - logits_before).abs().max())
 now, dense = compressible_parameters(model)
-print(f"{len(layers)} layers converted in {seconds:.1f} s; {sum(l.rank for l in layers.values()):,} bases in all")
+print(f"{len(layers)} layers converted in {seconds:.1f} s; {sum(layer.rank for layer in layers.values()):,} bases in all")
 print(f"max |logit change| on a held-out batch: {logit_change:.2e} (logits reach {logits_before.abs().max():.3g})")
 print(f"compressible parameters: stored {now:,} / dense {dense:,} (full rank: every layer is still stored dense)")
 trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -582,7 +587,7 @@ outcome = {"logit_change": logit_change, "logit_scale": float(logits_before.abs(
            "text_loss": float(dense_losses.mean()), "tail_losses": {f"{r['bases']}, {r['layers']}, {r['share']:.0%}":
                                                                     r["loss"] for r in tails},
            "break_even_share": {r["kind"]: r["share"] for r in kinds}}
-print(f"Result: {len(layers)} layers ({sum(l.rank for l in layers.values()):,} bases) in Basel form, "
+print(f"Result: {len(layers)} layers ({sum(layer.rank for layer in layers.values()):,} bases) in Basel form, "
       f"max |logit change| {logit_change:.1e}; keeping half of {name.rsplit('.', 1)[-1]}'s bases loses "
       f"{output_at_half['whitened']:.1%} of its output on held-out task inputs with whitened bases against "
       f"{output_at_half['plain SVD']:.1%} with plain ones; WikiText-2 loss {outcome['text_loss']:.2f} -> "

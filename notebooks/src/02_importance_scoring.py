@@ -78,8 +78,14 @@ from bsi.pipeline.evaluate import evaluate
 from bsi.pipeline.losses import answer_token_loss
 from bsi.pipeline.runner import Pipeline
 from bsi.reports import StageReport
-from bsi.teaching import (defaults_table_markdown, doc_markdown, loss_change_when_dropped, notebook_settings,
-                          profile_rows, result_of)
+from bsi.teaching import (
+    defaults_table_markdown,
+    doc_markdown,
+    loss_change_when_dropped,
+    notebook_settings,
+    profile_rows,
+    result_of,
+)
 
 hf_logging.disable_progress_bar()  # no loading bars between the results
 settings = notebook_settings()
@@ -677,7 +683,7 @@ cut_rows = [{"cut": label, "budgets from": WAYS.get(label, ("?", "?"))[0], "insi
              **{f"round {t + 1} vs bsi": "" if label == "bsi" else span(versus[t][label])
                 for t, r in enumerate(measured_rounds)}}
             for label in measured_rounds[0]["cuts"]]
-display(Markdown(f"Held-out loss before each round's cut: "
+display(Markdown("Held-out loss before each round's cut: "
                  + ", ".join(f"round {t + 1} {r['loss']:.4f}" for t, r in enumerate(measured_rounds))
                  + f". After removing the round's whole budget each way ({examples} problems; "
                  "'vs bsi' is the cut's loss less bsi's, with a 95% paired bootstrap interval over the problems):\n\n"

@@ -33,8 +33,8 @@ from transformers.utils import logging as hf_logging
 from bsi.analysis.spectrum import layer_kind
 from bsi.analysis.stats import Outcomes, paired_difference, value_interval
 from bsi.chat import ChatSession
-from bsi.data import extract_answer
 from bsi.config import CompressConfig, RecoverConfig, SizeRule
+from bsi.data import extract_answer
 from bsi.method.layers import break_even_rank, factor_cost
 from bsi.method.schedule import gradual_budgets
 from bsi.method.scores import candidate_pool, get_score, mass_rule_keep_count, pool_rho, select_pruned

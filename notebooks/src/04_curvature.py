@@ -29,8 +29,16 @@ import bsi.method.theory
 from bsi.analysis.spectrum import SpectrumAnalysis, SpectrumProgress, select_layers, spectrum_figure
 from bsi.data import BatchStream, load_task
 from bsi.method.scores import rademacher
-from bsi.method.theory import (generalized_harmonic, hutchinson_variance, probes_needed, relative_error_by_probes,
-                               sample_complexity_psd, variance_bound_frobenius, variance_bound_power_law, zeta)
+from bsi.method.theory import (
+    generalized_harmonic,
+    hutchinson_variance,
+    probes_needed,
+    relative_error_by_probes,
+    sample_complexity_psd,
+    variance_bound_frobenius,
+    variance_bound_power_law,
+    zeta,
+)
 from bsi.models import load_model_and_tokenizer
 from bsi.pipeline.losses import answer_token_loss
 from bsi.teaching import doc_markdown, notebook_settings
@@ -347,7 +355,7 @@ lines.append(
     "plugs the fitted exponent into the theory gets a bound that is not one.")
 if ratios:
     lines.append(
-        f"* **The bounds are loose**: for e = delta = 0.1 the measured-energy bound asks for "
+        "* **The bounds are loose**: for e = delta = 0.1 the measured-energy bound asks for "
         + ", ".join(f"{bounds[n]:,}" for n in bounds) + " probes, where the simulation reached a mean error of 0.1 at "
         + ", ".join(f"{needed[n] if needed[n] else '> ' + str(probe_counts[-1])}" for n in bounds)
         + f" probes, {min(ratios):.0f} to {max(ratios):.0f} times fewer. Part of the gap is the question (a mean "
@@ -359,14 +367,14 @@ lines.append(
        if negative == 0 else ": the loss is not convex in sigma here, so the PSD form of the bound does not apply to "
        "those layers."))
 lines.append(
-    f"* The simulated error follows the exact-variance prediction for every layer (1 probe: "
+    "* The simulated error follows the exact-variance prediction for every layer (1 probe: "
     + ", ".join(f"{simulated[s.name][1]:.2f}" for s in result.layers) + f"; {probe_counts[-1]} probes: "
     + ", ".join(f"{simulated[s.name][probe_counts[-1]]:.3f}" for s in result.layers)
     + "): the variance formula is right, and one probe per batch gives a diagonal with a relative error of this size.")
 lines.append(
     f"* How far this reaches: {len(result.layers)} layers of the last block, the top {settings.spectrum_k} sigmas of "
     f"each, {result.batches} batches of {settings.batch_size} problems, on the model before task fine-tuning (batch "
-    f"losses {', '.join(f'{l:.2f}' for l in result.losses)}); one measurement, no interval. The method's default "
+    f"losses {', '.join(f'{loss:.2f}' for loss in result.losses)}); one measurement, no interval. The method's default "
     "curvature is the Fisher, not Hutchinson's estimator (docs/curvature.md compares them).")
 display(Markdown("\n".join(lines)))
 

@@ -1,0 +1,133 @@
+"""The settings of a comparison study (``bsi sweep``): methods, sizes, seeds, protocols, and its presets."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from bsi.config.fields import PROTOCOL_NAMES, JsonConfig, check, is_integer, is_number, option
+from bsi.config.methods import METHOD_NAMES, VARIANT_NAMES, is_engine_method
+
+
+@dataclass
+class SweepConfig(JsonConfig):
+    """A comparison study: which methods, sizes, seeds and protocols, and how recovery is budgeted.
+
+    Every method gets the same recovery steps (the ``recover`` section of the
+    pipeline configuration). With an ``lr_grid``, each method's recovery
+    learning rate is chosen from it by the answer-token loss on a validation
+    set carved from the *training* data (``validation_size`` of the pipeline
+    configuration; never the test problems) at each of ``lr_targets`` (every
+    target when empty), by the first seed that runs there; every other target
+    and every later seed (in the same command or a later one on the same
+    folder) uses the choice made at the nearest of them (in log size). Choices and
+    their validation losses are recorded in the results. On a text task the
+    validation set is the last ``validation_size`` windows of the training
+    part (never the held-out part) and its loss the mean next-token loss.
+
+    ``also_unrecovered`` adds, for every method and size, the model as the
+    method left it, before any recovery (rows with ``recover_steps`` 0): one
+    sweep then shows every method with no training after compression and
+    with the same recovery budget.
+    """
+
+    methods: tuple[str, ...] = option(METHOD_NAMES, "methods compared; a named variant ("
+                                                    + ", ".join(VARIANT_NAMES) + ") runs only when named")
+    targets: tuple[float, ...] = option((0.6, 0.4, 0.25), "target ratios of the compressible layers' parameters, "
+                                                          "for every method")
+    extra_targets: dict[str, Any] = option(default_factory=dict, help="more targets for some methods only, e.g. "
+                                                            "bsi:0.02,basel:0.02 ({\"bsi\": [0.02], ...} in JSON)")
+    seeds: tuple[int, ...] = option((0,), "run seeds: each its own splits, fine-tune, batches and probes")
+    protocols: tuple[str, ...] = option(("tuned",), "protocols of the engine methods (see PROTOCOLS)")
+    protocol_settings: dict[str, Any] = option(default_factory=dict, help="per protocol, pipeline settings its engine runs "
+                                                                "need on top (e.g. a longer schedule for paper)")
+    protocol_targets: dict[str, Any] = option(default_factory=dict, help="per protocol, the only targets its engine methods "
+                                                               "run at, e.g. paper:0.6,paper:0.4 (none: every target)")
+    lr_grid: tuple[float, ...] = option((), "recovery learning rates to choose from by validation loss, which "
+                                            "needs validation_size (--validation-size) (empty: the recover "
+                                            "section's lr for every method)")
+    lr_targets: tuple[float, ...] = option((), "targets where the learning rate is chosen, by the first seed run "
+                                               "(empty: every target)")
+    baseline: dict[str, Any] = option(default_factory=dict, help="settings of the truncation baselines (BaselineConfig "
+                                                       "fields; the defaults are the published methods)")
+    also_unrecovered: bool = option(False, "also evaluate every method's model of every size before recovery: extra "
+                                           "rows with recover_steps 0, in a table of their own (the truncation "
+                                           "baselines are usually published without training)")
+    speed_repeats: int = option(0, "decode-speed timings per model against the dense one (0: none)")
+    speed_tokens: int = option(32, "new tokens per speed timing")
+
+    def __post_init__(self) -> None:
+        self.methods = tuple(self.methods)
+        self.targets = tuple(float(t) for t in self.targets)
+        self.seeds = tuple(int(x) for x in self.seeds)
+        self.protocols = tuple(self.protocols)
+        self.lr_grid = tuple(float(x) for x in self.lr_grid)
+        self.lr_targets = tuple(float(x) for x in self.lr_targets)
+        self.extra_targets = {m: tuple(float(t) for t in ts) for m, ts in dict(self.extra_targets).items()}
+        self.protocol_targets = {p: tuple(float(t) for t in ts) for p, ts in dict(self.protocol_targets).items()}
+        known = (*METHOD_NAMES, *VARIANT_NAMES)
+        check(bool(self.methods), f"name at least one method: {', '.join(known)}")
+        for name in self.methods:
+            check(name in known, f"methods must be among {', '.join(known)}, got '{name}'")
+        for name in self.extra_targets:
+            check(name in known, f"extra_targets must name methods among {', '.join(known)}, got '{name}'")
+        check(len(set(self.methods)) == len(self.methods), f"methods has duplicates: {', '.join(self.methods)}")
+        check(bool(self.targets), "name at least one target")
+        for t in (*self.targets, *(t for ts in self.extra_targets.values() for t in ts), *self.lr_targets):
+            check(is_number(t) and 0 < t <= 1, f"targets must be numbers in (0, 1], got {t}")
+        check(len(set(self.targets)) == len(self.targets), f"targets has duplicates: {list(self.targets)}")
+        check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds),
+               f"seeds must be distinct integers, got {list(self.seeds)}")
+        check(bool(self.protocols), "name at least one protocol")
+        for name, ts in self.protocol_targets.items():
+            check(bool(ts) and all(t in self.targets for t in ts),
+                   f"protocol_targets of {name} must be among the targets {list(self.targets)}, got {list(ts)}")
+        for name in (*self.protocols, *self.protocol_settings, *self.protocol_targets):
+            check(name in PROTOCOL_NAMES, f"protocols must be among {', '.join(PROTOCOL_NAMES)}, got '{name}'")
+        check(all(is_number(x) and x > 0 for x in self.lr_grid), f"lr_grid must be positive numbers, got {self.lr_grid}")
+        check(all(t in self.targets for t in self.lr_targets),
+               f"lr_targets must be among the targets {list(self.targets)}, got {list(self.lr_targets)}")
+        check(isinstance(self.also_unrecovered, bool),
+               f"also_unrecovered must be true or false, got {self.also_unrecovered}")
+        check(is_integer(self.speed_repeats) and self.speed_repeats >= 0, f"speed_repeats must be >= 0, got {self.speed_repeats}")
+        check(is_integer(self.speed_tokens) and self.speed_tokens >= 2, f"speed_tokens must be >= 2, got {self.speed_tokens}")
+
+    def targets_of(self, method: str, protocol: str | None = None) -> tuple[float, ...]:
+        """The sizes ``method`` is run at (under ``protocol``, for an engine method), largest first."""
+        if is_engine_method(method) and protocol in self.protocol_targets:
+            return tuple(sorted(self.protocol_targets[protocol], reverse=True))
+        return tuple(sorted({*self.targets, *self.extra_targets.get(method, ())}, reverse=True))
+
+    def lr_target_for(self, target: float) -> float:
+        """The target whose learning-rate choice ``target`` uses: itself when chosen there, else the nearest in log size."""
+        chosen = self.lr_targets or self.targets
+        if target in chosen:
+            return target
+        return min(chosen, key=lambda t: (abs(math.log(t / target)), -t))
+
+
+#: What ``bsi sweep --preset NAME`` sets beyond the pipeline preset (fields of :class:`SweepConfig`).
+SWEEP_PRESETS: dict[str, dict[str, Any]] = {
+    "sweep-cpu": {"targets": (0.6, 0.4, 0.25)},
+    # The published engine settings collapse on this model already at 0.6 with a CPU-sized schedule (their
+    # schedule search and its cost: docs/benchmarks.md), so the study runs them at the three mildest sizes.
+    "study": {"targets": (0.6, 0.4, 0.25, 0.15, 0.1, 0.05), "extra_targets": {"bsi": (0.02,), "basel": (0.02,)},
+              "seeds": (0, 1, 2), "protocols": ("tuned", "paper"), "protocol_targets": {"paper": (0.6, 0.4, 0.25)},
+              "lr_grid": (2e-5, 1e-4, 5e-4), "lr_targets": (0.4, 0.1)},
+    # Learning rates chosen at two sizes: bsi's choice at 0.15 (5e-4) used at 0.4 left it at 10.7% against basel's
+    # 37% there; a mild cut wants a smaller rate than a deep one (docs/benchmarks.md, 2026-11-25).
+    # Only the methods the study can tell apart: plain `svd`, `fwsvd` and `asvd` answer at most 10.5% at any size on
+    # every seed of `study` (docs/benchmarks.md), and `asvd`'s sensitivity search alone took 18 of the seven-method
+    # study-quick's 80 minutes on 2 cores (2026-11-25); without the three it takes 43 min 4 s with an empty cache,
+    # fine-tune included (2026-11-26; `--methods` adds them back).
+    "study-quick": {"methods": ("bsi", "basel", "svd-llm", "bsi-grad"),
+                    "targets": (0.4, 0.15, 0.05), "extra_targets": {"bsi": (0.02,), "basel": (0.02,)},
+                    "seeds": (0,), "protocols": ("tuned",), "lr_grid": (2e-5, 1e-4, 5e-4), "lr_targets": (0.4, 0.15)},
+    "text": {"targets": (0.8, 0.6, 0.4), "also_unrecovered": True},  # every method (the default)
+}
+
+
+def make_sweep_config(preset: str | None, overrides: dict[str, Any] | None = None) -> SweepConfig:
+    """The :class:`SweepConfig` of a preset (:data:`SWEEP_PRESETS`; the defaults where it has none) with overrides."""
+    return SweepConfig.from_dict({**SWEEP_PRESETS.get(preset or "", {}), **(overrides or {})})

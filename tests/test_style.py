@@ -1,0 +1,40 @@
+"""The code's style, checked by the tools that keep it: ruff over the whole checkout, mypy --strict where it is typed.
+
+Both read their settings from ``pyproject.toml`` (``[tool.ruff]``, ``[tool.mypy]``),
+so ``ruff check .`` and ``mypy`` at the command line say what these tests say.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    """The tool installed beside this Python (``make setup`` puts both there), or a skip when it is missing."""
+    path = BIN / name
+    if path.is_file():
+        return str(path)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: `make setup` installs the test tools (pip install -e '.[test]')")
+    return found
+
+
+def test_ruff_finds_nothing():
+    result = subprocess.run([tool("ruff"), "check", "--no-cache", "--output-format", "concise", "."], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, f"ruff check . (fix with `ruff check --fix .`):\n{result.stdout}{result.stderr}"
+
+
+def test_mypy_strict_finds_nothing_in_the_typed_packages():
+    """``bsi/method`` and ``bsi/config``: strict (``pyproject.toml`` names the scope)."""
+    result = subprocess.run([tool("mypy")], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, f"mypy:\n{result.stdout}{result.stderr}"
