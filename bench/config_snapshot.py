@@ -38,6 +38,7 @@ from bsi.config import (
     PRESETS,
     PROTOCOLS,
     SWEEP_PRESETS,
+    BaselineConfig,
     CompressConfig,
     FinetuneConfig,
     PipelineConfig,
@@ -46,7 +47,6 @@ from bsi.config import (
     flat_fields,
     make_config,
 )
-from bsi.pipeline.methods import BaselineConfig
 from bsi.pipeline.runner import finetune_cache_key
 from bsi.pipeline.sweep import Sweep
 

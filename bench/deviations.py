@@ -37,9 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from bsi.analysis.stats import Outcomes, paired_difference, per_seed_differences, pooled_value, seed_interval
 from bsi.analysis.study import interval_text
-from bsi.config import make_config
+from bsi.config import BaselineConfig, make_config
 from bsi.files import atomic_write_json
-from bsi.pipeline.methods import BaselineConfig
 from bsi.pipeline.runner import Pipeline
 from bsi.reports import DoneReport
 from bsi.runtime import keep_freed_memory

@@ -200,3 +200,36 @@ def test_one_resolver_layers_preset_protocol_flags_method_and_sizes_in_that_orde
     assert resolve_config("tour").to_dict() == make_config("tour").to_dict()
     with pytest.raises(BSIError, match="unknown method 'nope': use one of svd, "):
         resolve_config(method="nope")
+
+
+def test_the_configuration_package_imports_no_torch_and_exports_what_it_lists():
+    """``bsi --help`` stays fast: the package loads without torch; every name of ``__all__`` is importable from it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, bsi.config as c; assert 'torch' not in sys.modules, 'bsi.config imported torch'; "
+            "missing = [n for n in c.__all__ if not hasattr(c, n)]; assert not missing, missing")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_measured_costs_are_read_from_their_data_file():
+    """``preset_costs.json`` is the one place a measured time is written: the constant is what the file says."""
+    import importlib.resources
+
+    from bsi.config.presets import PRESET_COSTS, read_preset_costs
+
+    data = json.loads(importlib.resources.files("bsi.config").joinpath("preset_costs.json").read_text(encoding="utf-8"))
+    assert read_preset_costs() == PRESET_COSTS
+    assert {name: dataclasses.asdict(cost) for name, cost in PRESET_COSTS.items()} == data["presets"]
+
+
+def test_a_baseline_setting_is_read_and_refused_like_every_other_setting():
+    from bsi.config import BaselineConfig
+
+    settings = BaselineConfig.from_dict({"alpha": 1.0, "allocation": "uniform"})
+    assert settings.to_dict()["alpha"] == 1.0 and BaselineConfig.from_dict(settings.to_dict()) == settings
+    with pytest.raises(BSIError, match="unknown BaselineConfig key"):
+        BaselineConfig.from_dict({"alfa": 1.0})
+    with pytest.raises(BSIError, match="allocation must be one of"):
+        BaselineConfig.from_dict({"allocation": "even"})

@@ -316,3 +316,12 @@ def test_extract_answer(text, expected):
 )  # fmt: skip
 def test_answers_match(pred, gold, match):
     assert answers_match(pred, gold) is match
+
+
+def test_the_batch_streams_keep_their_numbers():
+    """Each use's value seeds its stream: a cached fine-tune, a resumed run and a shipped sweep depend on them."""
+    from bsi.data import PROCESS_SEED_STRIDE, BatchUse
+
+    assert {use.name: int(use) for use in BatchUse} == {"FINETUNE": 1, "COMPRESS": 2, "RECOVER": 3, "CALIBRATE": 4,
+                                                         "SENSITIVITY": 5}
+    assert PROCESS_SEED_STRIDE > max(BatchUse)  # two processes never draw one stream's order

@@ -139,8 +139,8 @@ def settings_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from bsi.config import BaselineConfig
     from bsi.errors import BSIError
-    from bsi.pipeline.methods import BaselineConfig
     from bsi.pipeline.sweep import CellReport, LearningRateReport, Sweep, sweep_results
     from bsi.progress import ProgressPrinter
 

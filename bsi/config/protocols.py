@@ -14,7 +14,7 @@ from bsi.config.settings import CompressConfig, PipelineConfig
 #: The engine methods' settings under each protocol (``PipelineConfig.protocol``). ``paper`` is the
 #: published BSI and Basel (docs/method.md, "Protocols"); ``tuned`` is bsi's defaults, each deviation
 #: measured there. Schedules (rounds, iterations) are the preset's. The truncation baselines are the
-#: published methods under both (:class:`bsi.pipeline.methods.BaselineConfig`).
+#: published methods under both (:class:`bsi.config.BaselineConfig`).
 #: The settings a protocol fixes for the engine methods; ``tuned`` takes each from :class:`CompressConfig`'s
 #: defaults (they are written once, there), ``paper`` its own values and two Hutchinson-only settings.
 TUNED_FIELDS = ("bases", "selection", "max_cut_factor", "curvature", "score_window", "gradient_z", "eps_floor")

@@ -37,7 +37,7 @@ from transformers import PreTrainedTokenizerBase
 
 from bsi.data import Example, answers_match, encode_answer, encode_prompt, extract_answer, pad_id, stop_token_ids
 from bsi.pipeline.losses import accepts_logits_to_keep, device_of
-from bsi.results import Metrics  # noqa: F401  (defined with the other result records; imported from here too)
+from bsi.results import Metrics as Metrics  # defined with the other result records; importable from here too
 
 
 @dataclass(frozen=True)

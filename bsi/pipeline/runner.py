@@ -55,7 +55,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from bsi.config import PipelineConfig, RecoverConfig, is_engine_method, protocol_deviations, resolve_config
+from bsi.config import (
+    BaselineConfig,
+    PipelineConfig,
+    RecoverConfig,
+    is_engine_method,
+    protocol_deviations,
+    resolve_config,
+)
 from bsi.data import (
     EMBEDDED_TASK,
     EOS_SEPARATOR,
@@ -90,7 +97,7 @@ from bsi.pipeline.distributed import from_environment
 from bsi.pipeline.evaluate import Evaluation, Metrics, evaluate
 from bsi.pipeline.export import WEIGHTS, write_model_files
 from bsi.pipeline.losses import DistillationLoss, MatmulAutocast, answer_token_loss
-from bsi.pipeline.methods import BaselineConfig, EngineResume, EngineRun, MethodContext, engine_method, get_method
+from bsi.pipeline.methods import EngineResume, EngineRun, MethodContext, engine_method, get_method
 from bsi.pipeline.perplexity import LOSS_MEANING, measure_perplexity, model_context
 from bsi.pipeline.stages import DENSE_RECOVERY, SkipLimit, eval_report, evaluate_model, recover_model, train_dense
 from bsi.reports import DoneReport, Report, RoundReport, StageReport, StepReport
@@ -278,7 +285,7 @@ class Pipeline:
         cache_dir: root of the model and fine-tune caches (default ``$BSI_CACHE`` or ``~/.cache/bsi``).
         method: a registered method name or a :class:`~bsi.pipeline.methods.Method`;
             default: the engine with ``config.compress.score``.
-        baseline: settings of the truncation baselines (:class:`~bsi.pipeline.methods.BaselineConfig`).
+        baseline: settings of the truncation baselines (:class:`~bsi.config.BaselineConfig`).
         reference: metrics of the fine-tuned dense model measured before (a sweep
             measures them once); its evaluation is then skipped.
         force: replace what ``out_dir`` holds (a finished result, or an

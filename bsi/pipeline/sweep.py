@@ -54,14 +54,14 @@ from torch import nn
 
 from bsi.analysis.answers import PROBLEMS
 from bsi.analysis.study import PUBLISHED, folder_loader, study_markdown, study_stats
-from bsi.config import PROTOCOLS, PipelineConfig, SweepConfig, is_engine_method, resolve_config
+from bsi.config import PROTOCOLS, BaselineConfig, PipelineConfig, SweepConfig, is_engine_method, resolve_config
 from bsi.data import is_text_run
 from bsi.errors import BSIError
 from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, folder_lock
 from bsi.models import resolve_autocast, resolve_device, resolve_dtype
 from bsi.pipeline.distributed import from_environment
 from bsi.pipeline.evaluate import Evaluation, Metrics
-from bsi.pipeline.methods import BaselineConfig, get_method
+from bsi.pipeline.methods import get_method
 from bsi.pipeline.runner import DenseReference, Pipeline, Report
 from bsi.reports import SizeReport, StageReport
 from bsi.results import REFERENCE, DecodeSpeed, MethodRun, StudyRow, read_study_rows
