@@ -61,7 +61,7 @@ chromium:
 test: setup chromium
 	$(BIN)/python -m pytest -q
 
-## lint: ruff (lint and import order) over the checkout and mypy (strict) over bsi/method and bsi/config; make test runs both too
+## lint: ruff (lint and import order) over the checkout, mypy (strict) over layers 0-3 (pyproject.toml); make test runs both too
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy

@@ -30,10 +30,10 @@ def _plain(value: Any) -> Any:
 
 
 class _Report:
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of this report (tensors become lists)."""
-        out = {"kind": type(self).__name__}
-        out.update(_plain(asdict(self)))  # type: ignore[arg-type]
+        out: dict[str, Any] = {"kind": type(self).__name__}
+        out.update(_plain(asdict(self)))  # type: ignore[call-overload]  # every subclass is a dataclass
         return out
 
 
@@ -78,7 +78,8 @@ class LayerRound(_Report):
     rank_before: int
     rank_after: int
     params_after: int  # parameters of this layer after the round
-    terms: dict = field(default_factory=dict)  # name -> (r,): the parts of the score ("gradient", "curvature", ...)
+    terms: dict[str, torch.Tensor] = field(
+        default_factory=dict)  # name -> (r,): the parts of the score ("gradient", "curvature", ...)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class StageReport(_Report):
 class DoneReport(_Report):
     """The pipeline finished; ``summary`` is what ``summary.json`` holds."""
 
-    summary: dict = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
     out_dir: str | None = None
 
 

@@ -43,7 +43,7 @@ class Metrics:
     loss_examples: int | None = None
     perplexity: float | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The metrics as a plain dict (JSON-serialisable); ``perplexity`` only on a text task."""
         data = asdict(self)
         if self.perplexity is None:
@@ -106,17 +106,17 @@ class RunSummary:
     metrics_before: Metrics | None = None
     metrics_after: Metrics | None = None
     metrics_dense_recovered: Metrics | None = None
-    paired: dict = field(default_factory=dict)
-    perplexity: dict | None = None
+    paired: dict[str, Any] = field(default_factory=dict)
+    perplexity: dict[str, Any] | None = None
     protocol: str = "tuned"
     protocol_deviations: tuple[str, ...] = ()
     eps: float | None = None
-    ranks: dict = field(default_factory=dict)
+    ranks: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     device: str = ""
     dtype: str = ""
     autocast: str | None = None
-    config: dict = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     bytes_on_disk: int | None = None
     bytes_before: int | None = None
@@ -208,7 +208,7 @@ class MethodRun:
 
     recover_steps: int
     recover_lr: float | None = None
-    lr_choice: dict | None = None
+    lr_choice: dict[str, Any] | None = None
     compress_seconds: float = 0.0
     recover_seconds: float = 0.0
     notes: tuple[str, ...] = ()
@@ -278,8 +278,8 @@ class StudyRow:
     dtype: str | None = None
     run: MethodRun | None = None
     speed: DecodeSpeed | None = None
-    perplexity_protocol: dict | None = None
-    extra: dict = field(default_factory=dict)
+    perplexity_protocol: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_reference(self) -> bool:

@@ -167,6 +167,66 @@ def test_windows_cover_the_stream_as_documented(length, window, stride):
         assert spans[-1].end == length or (stride == window and spans[-1].end == length - 1)
 
 
+# ------------------------------------------------------------------ a context token (Gemma's <bos>)
+
+
+def _reference_with_context(model, tokens: torch.Tensor, window: int, stride: int, context: int) -> list:
+    """Per-window (NLL sum, tokens) with ``context`` before every window: each stream token once, one pass per token."""
+    scored: set[int] = set()
+    windows, start, total = [], 0, tokens.shape[0]
+    with torch.no_grad():
+        while True:
+            end = min(start + window - 1, total)
+            nll, count = 0.0, 0
+            for t in range(start, end):
+                if t in scored:
+                    continue
+                scored.add(t)
+                prefix = torch.cat([torch.tensor([context]), tokens[start:t]])
+                logits = model(input_ids=prefix[None]).logits[0, -1].double()  # (V,)
+                nll -= float(torch.log_softmax(logits, dim=-1)[tokens[t]])
+                count += 1
+            if count:
+                windows.append((nll, count))
+            if end == total:
+                return windows
+            start += stride
+
+
+@pytest.mark.parametrize("length,window,stride", [(61, 16, 15), (61, 16, 6), (15, 16, 15)],
+                         ids=["non-overlapping", "sliding", "one-window"])
+def test_with_a_context_token_every_stream_token_is_scored_once_from_it(tiny, length, window, stride):
+    model, _ = tiny
+    tokens = _stream(length, seed=3 * length + stride)
+    result = measure_perplexity(model, tokens, window=window, stride=stride, batch_size=2, context_token=258)
+    reference = _reference_with_context(model, tokens, window, stride, 258)
+    assert list(result.window_token_counts) == [count for _, count in reference]
+    assert result.tokens_scored == length  # the stream's first token too: the context token precedes it
+    assert result.window_nll_sums == pytest.approx([nll for nll, _ in reference], rel=1e-5, abs=1e-4)
+    assert result.to_dict()["context_token"] == 258 and "token 258" in result.protocol()
+    assert "context_token" not in measure_perplexity(model, tokens, window=window).to_dict()  # unchanged files
+
+
+def test_the_context_token_is_the_bos_a_tokenizer_puts_before_every_text(tokenizer):
+    """Gemma's tokenizer starts every text with <bos>; SmolLM2's and the tiny one add nothing."""
+    from tokenizers.processors import TemplateProcessing
+
+    from bsi.data import context_token
+
+    assert context_token(tokenizer) is None
+    with_bos = build_tiny_tokenizer()
+    with_bos.add_special_tokens({"bos_token": "<bos>"})
+    bos = with_bos.bos_token_id
+    with_bos.backend_tokenizer.post_processor = TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
+    assert with_bos("ab")["input_ids"][0] == bos and context_token(with_bos) == bos
+    task = load_text_task(WIKITEXT_2, with_bos, window=64)
+    windows = task.train_windows  # (W, 64): the token, then 63 tokens of the stream
+    assert task.context_token == bos and windows.shape[1] == 64 and bool((windows[:, 0] == bos).all())
+    assert torch.equal(windows[:, 1:], cut_windows(task.train_tokens, 63))
+    assert task.describe()["context_token"] == bos and "context_token" not in load_text_task(
+        WIKITEXT_2, tokenizer, window=64).describe()
+
+
 # ------------------------------------------------------------------ bsi eval --perplexity
 
 

@@ -35,6 +35,9 @@ def test_ruff_finds_nothing():
 
 
 def test_mypy_strict_finds_nothing_in_the_typed_packages():
-    """``bsi/method`` and ``bsi/config``: strict (``pyproject.toml`` names the scope)."""
+    """Layers 0 to 3 (the foundation modules, ``bsi/config``, ``bsi/data``, ``bsi/method``): strict.
+
+    ``pyproject.toml`` names the scope.
+    """
     result = subprocess.run([tool("mypy")], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, f"mypy:\n{result.stdout}{result.stderr}"

@@ -278,7 +278,7 @@ def test_doc_markdown_quotes_the_first_paragraphs_and_links_the_file_with_the_re
         assert (ROOT / "notebooks" / "../bsi/method/layers.py").resolve().is_file()  # from notebooks/, where it is read
     assert len(doc_markdown(layers, paragraphs=3)) > len(doc_markdown(layers, paragraphs=1))
     cut = doc_markdown(CompressConfig, paragraphs=1, root="../../")
-    assert cut.endswith("[`bsi/config.py`](../../bsi/config.py).*") and "CompressConfig" in cut.splitlines()[-1]
+    assert cut.endswith("[`bsi/config/settings.py`](../../bsi/config/settings.py).*") and "CompressConfig" in cut.splitlines()[-1]
     short = doc_markdown(result_of, paragraphs=50)  # no more paragraphs than asked: nothing cut, no link
     assert short == doc_markdown(result_of) and "The rest of" not in short
     with pytest.raises(BSIError, match="paragraphs must be at least 1"):

@@ -55,6 +55,7 @@ from bsi.data.text import (
     TextCorpus,
     TextTask,
     check_window,
+    context_token,
     cut_windows,
     is_text_run,
     is_text_task,
@@ -75,7 +76,7 @@ __all__ = [
     "extract_answer", "generate_math_problems", "load_task", "pad_id", "read_jsonl", "stop_token_ids",
     # text tasks
     "DEFAULT_HELD_OUT_FRACTION", "DEFAULT_TEXT_FIELD", "DEFAULT_WINDOW", "EOS_SEPARATOR", "WIKITEXT_2",
-    "WIKITEXT_2_RELEASE", "TextBatchStream", "TextCorpus", "TextTask", "check_window", "cut_windows",
+    "WIKITEXT_2_RELEASE", "TextBatchStream", "TextCorpus", "TextTask", "check_window", "context_token", "cut_windows",
     "epoch_permutation", "is_text_run", "is_text_task", "join_documents", "load_text_task", "looks_like_text", "read_text_corpus",
     "set_aside_windows", "split_tail", "tokenize_corpus", "wikitext_2_folder",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import IntEnum
+from typing import cast
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -52,9 +53,9 @@ def build_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> str:
     ``"Question: ...\\nAnswer:"`` format is used.
     """
     if tokenizer.chat_template:
-        return tokenizer.apply_chat_template(
+        return cast(str, tokenizer.apply_chat_template(
             [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-        )
+        ))
     return f"Question: {question}\nAnswer:"
 
 
@@ -72,7 +73,7 @@ def end_of_turn_text(tokenizer: PreTrainedTokenizerBase) -> str:
     marker = "\x00BSI-ANSWER\x00"
     messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": marker}]
     try:
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+        rendered = cast(str, tokenizer.apply_chat_template(messages, tokenize=False))
     except Exception:  # templates may reject unusual conversations; fall back to eos
         return eos
     if marker not in rendered:
@@ -105,7 +106,8 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> list[int
     tokenizer's usual special tokens.
     """
     text = build_prompt(tokenizer, question)
-    return tokenizer.encode(text, add_special_tokens=not tokenizer.chat_template)
+    ids: list[int] = tokenizer.encode(text, add_special_tokens=not tokenizer.chat_template)
+    return ids
 
 
 def encode_answer(tokenizer: PreTrainedTokenizerBase, answer: str) -> list[int]:
@@ -116,7 +118,8 @@ def encode_answer(tokenizer: PreTrainedTokenizerBase, answer: str) -> list[int]:
     evaluation's answer-token loss both use these ids.
     """
     separator = "" if tokenizer.chat_template else " "  # "Answer:" + " 42", as text would read
-    return tokenizer.encode(separator + answer + end_of_turn_text(tokenizer), add_special_tokens=False)
+    ids: list[int] = tokenizer.encode(separator + answer + end_of_turn_text(tokenizer), add_special_tokens=False)
+    return ids
 
 
 def encode_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_length: int) -> dict[str, list[int]]:
@@ -170,7 +173,7 @@ def collate(encoded: Sequence[dict[str, list[int]]], pad_id: int) -> dict[str, t
 
 def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The padding id to collate with (the eos id if the tokenizer has no pad token)."""
-    value = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    value: int | None = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if value is None:
         raise BSIError("the tokenizer has neither a padding nor an end-of-sequence token")
     return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from bsi.data.examples import Example, TaskData
 from bsi.data.problems import EMBEDDED_TASK, embedded_task
@@ -96,7 +97,7 @@ def read_jsonl(path: Path, question_field: str = "question", answer_field: str =
     return examples
 
 
-def _bounded_lines(handle, path: Path) -> Iterator[bytes]:
+def _bounded_lines(handle: BinaryIO, path: Path) -> Iterator[bytes]:
     """The file's lines as bytes, refusing any line longer than MAX_LINE_BYTES.
 
     ``readline(limit)`` never reads more than ``limit`` bytes, so a huge line

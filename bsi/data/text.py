@@ -41,6 +41,13 @@ measured on a text task rests on:
    tokens from its first token; the shorter remainder at its end is left
    out (:func:`cut_windows`). The held-out part stays a stream: the
    perplexity protocol cuts its own windows.
+5. A model whose tokenizer starts every text with a beginning-of-sequence
+   token (Gemma's ``<bos>``; :func:`context_token`) was trained never to see
+   a sequence without it, and predicts badly from a window that lacks it.
+   For such a model every window, trained or scored, starts with that token
+   as context: a window is then the token and ``window - 1`` tokens of the
+   stream, and every stream token in it is predicted. A tokenizer that adds
+   no such token (SmolLM2's) gets windows of the stream alone, as above.
 
 :class:`TextBatchStream` serves the training windows the way
 :class:`~bsi.data.BatchStream` serves examples: endless, in an order fixed by
@@ -72,6 +79,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -208,7 +216,7 @@ def looks_like_text(spec: str, text_field: str = DEFAULT_TEXT_FIELD, question_fi
     return record is not None and text_field in record and question_field not in record
 
 
-def _first_record(path: Path) -> dict | None:
+def _first_record(path: Path) -> dict[str, Any] | None:
     """The first JSON object of a JSONL file, or None when its first non-blank line is not one."""
     with path.open("rb") as handle:
         for raw in handle:
@@ -422,9 +430,23 @@ def _separator_ids(tokenizer: PreTrainedTokenizerBase, separator: str) -> tuple[
     return ids, (f"the text {separator!r}" if separator else "nothing")
 
 
+def context_token(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """The token every window starts from: the tokenizer's BOS when it puts one before every text, else None.
+
+    Asked of the tokenizer itself (does encoding a text start with its
+    ``bos_token_id``?), since the flags for it differ between tokenizers:
+    Gemma's adds ``<bos>``, SmolLM2's adds nothing.
+    """
+    bos = tokenizer.bos_token_id
+    ids = tokenizer("a", return_attention_mask=False)["input_ids"]
+    return int(bos) if bos is not None and len(ids) > 0 and ids[0] == bos else None
+
+
 def _encode(tokenizer: PreTrainedTokenizerBase, documents: Sequence[str]) -> list[list[int]]:
     """Token ids of each document, without special tokens (and without the long-sequence warning)."""
-    return tokenizer(list(documents), add_special_tokens=False, return_attention_mask=False, verbose=False)["input_ids"]
+    ids: list[list[int]] = tokenizer(list(documents), add_special_tokens=False, return_attention_mask=False,
+                                     verbose=False)["input_ids"]
+    return ids
 
 
 @dataclass(frozen=True, eq=False)
@@ -443,6 +465,8 @@ class TextTask:
         window: tokens per training window.
         train_tokens: ``(N,)`` int64, the training part as one stream.
         held_out_tokens: ``(M,)`` int64, the held-out part as one stream.
+        context_token: the token each window starts from as context
+            (:func:`context_token`), or None: windows of the stream alone.
     """
 
     name: str
@@ -453,24 +477,33 @@ class TextTask:
     window: int
     train_tokens: torch.Tensor  # (N,)
     held_out_tokens: torch.Tensor  # (M,)
+    context_token: int | None = None
 
     @property
     def train_windows(self) -> torch.Tensor:
-        """``(W, window)``: the training part cut into non-overlapping windows (:func:`cut_windows`)."""
-        return cut_windows(self.train_tokens, self.window)
+        """``(W, window)``: the training part cut into non-overlapping windows (:func:`cut_windows`).
+
+        With a :attr:`context_token`, each window is that token and the next
+        ``window - 1`` tokens of the stream.
+        """
+        if self.context_token is None:
+            return cut_windows(self.train_tokens, self.window)
+        pieces = cut_windows(self.train_tokens, self.window - 1)  # (W, window - 1)
+        return torch.cat([torch.full((pieces.shape[0], 1), self.context_token, dtype=pieces.dtype), pieces], dim=1)
 
     @property
     def held_out_source(self) -> str:
         """What perplexity on this task scores, in words: ``"wikitext-2: test.txt (WikiText-2, tokenized ...)"``."""
         return f"{self.name}: {self.held_out_part} ({self.release})"
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The task's protocol as plain values (JSON-serialisable, no tensors), e.g. for ``summary.json``."""
         return {
             "name": self.name, "release": self.release, "train_part": self.train_part,
             "held_out_part": self.held_out_part, "separator": self.separator, "window": self.window,
             "train_tokens": int(self.train_tokens.shape[0]), "train_windows": int(self.train_windows.shape[0]),
             "held_out_tokens": int(self.held_out_tokens.shape[0]),
+            **({"context_token": self.context_token} if self.context_token is not None else {}),
         }
 
 
@@ -532,7 +565,8 @@ def tokenize_corpus(
     _check_part_length(corpus.name, f"held-out part ({held_out_part})", held_out, window,
                        hint="lower --window or raise --held-out-fraction")
     return TextTask(name=corpus.name, release=corpus.release, train_part=train_part, held_out_part=held_out_part,
-                    separator=separator_words, window=window, train_tokens=train, held_out_tokens=held_out)
+                    separator=separator_words, window=window, train_tokens=train, held_out_tokens=held_out,
+                    context_token=context_token(tokenizer))
 
 
 def _check_part_length(name: str, part: str, tokens: torch.Tensor, window: int,

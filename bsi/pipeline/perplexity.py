@@ -37,6 +37,15 @@ implement it:
   padded. A window that would score no token is left out.
 * ``max_windows`` keeps only the first ``N`` windows (the start of the
   stream); the result says how many windows the whole stream has.
+* **A context token.** For a model trained always to start from a
+  beginning-of-sequence token (Gemma's ``<bos>``;
+  :func:`bsi.data.text.context_token`), each window is that token followed
+  by ``window - 1`` tokens of the stream, and the window's first stream
+  token is scored too, with the token as its context. Window ``k`` then
+  covers stream tokens ``[k * stride, min(k * stride + window - 1, M))``,
+  the default stride is ``window - 1``, and non-overlapping windows score
+  every token of the stream. A model without one (SmolLM2) is scored as
+  above.
 
 The result, :class:`PerplexityResult`, keeps each window's NLL sum and token
 count, the per-window outcomes a paired bootstrap resamples. Logits are
@@ -98,26 +107,32 @@ def check_stride(stride: int, window: int) -> None:
                        f"use --stride {window} or less")
 
 
-def window_spans(total_tokens: int, window: int, stride: int | None = None) -> list[WindowSpan]:
+def window_spans(total_tokens: int, window: int, stride: int | None = None, *,
+                 context: bool = False) -> list[WindowSpan]:
     """The windows of a stream of ``total_tokens`` tokens, exactly as the module docstring states.
 
     Args:
         total_tokens: ``M``, the stream's length.
         window: tokens per window, at least 2.
-        stride: tokens between two windows' starts, in ``[1, window]``;
-            ``None``: the window (non-overlapping windows).
+        stride: tokens between two windows' starts, in ``[1, window]``
+            (``[1, window - 1]`` with ``context``); ``None``: non-overlapping windows.
+        context: each window starts with a context token from outside the
+            stream, so it holds ``window - 1`` stream tokens, the first of
+            them scored too.
 
     Returns:
-        The windows in stream order, each scoring at least one token; empty
-        when ``M < 2``.
+        The windows in stream order (spans of the stream), each scoring at
+        least one token; empty when nothing can be scored.
     """
     check_window(window)
-    stride = window if stride is None else stride
-    check_stride(stride, window)
+    length = window - 1 if context else window  # stream tokens per window
+    stride = length if stride is None else stride
+    check_stride(stride, length)
     spans, start, previous_end = [], 0, 0
     while previous_end < total_tokens:
-        end = min(start + window, total_tokens)
-        first = max(start + 1, previous_end)  # its own first token has no context; earlier windows scored the rest
+        end = min(start + length, total_tokens)
+        # without a context token a window's own first token has no context; earlier windows scored the rest
+        first = max(start if context else start + 1, previous_end)
         if first < end:
             spans.append(WindowSpan(start, end, first))
         previous_end, start = end, start + stride
@@ -156,11 +171,22 @@ class PerplexityResult:
     window_nll_sums: tuple[float, ...]
     window_token_counts: tuple[int, ...]
     source: str = ""
+    context_token: int | None = None
+
+    @property
+    def non_overlapping(self) -> bool:
+        """Whether the windows did not overlap (the stride is every stream token of a window)."""
+        return self.stride == self.window - (self.context_token is not None)
 
     def protocol(self) -> str:
         """The protocol in one phrase: window, stride, tokens scored, windows."""
-        kind = ("non-overlapping, each window's first token context only" if self.stride == self.window
-                else f"sliding, each window after the first scores its last {self.stride} tokens")
+        if self.context_token is not None:
+            kind = (f"each window token {self.context_token} (the model's BOS) then {self.window - 1} stream tokens, "
+                    + ("non-overlapping, every token scored" if self.non_overlapping else
+                       f"sliding, each window after the first scores its last {self.stride} tokens"))
+        else:
+            kind = ("non-overlapping, each window's first token context only" if self.non_overlapping
+                    else f"sliding, each window after the first scores its last {self.stride} tokens")
         which = (f"the first {self.windows:,} of {self.windows_in_stream:,} windows" if self.windows < self.windows_in_stream
                  else f"{self.windows:,} windows")
         return (f"window {self.window}, stride {self.stride} ({kind}), {self.tokens_scored:,} tokens scored "
@@ -175,6 +201,8 @@ class PerplexityResult:
         """The result as plain values (JSON-serialisable); ``per_window=False`` leaves out the two per-window lists."""
         data = asdict(self)
         data["window_nll_sums"], data["window_token_counts"] = list(self.window_nll_sums), list(self.window_token_counts)
+        if self.context_token is None:  # the key appears only where a context token was used
+            del data["context_token"]
         if not per_window:
             del data["window_nll_sums"], data["window_token_counts"]
         return data
@@ -193,7 +221,12 @@ def protocol_record(result: PerplexityResult, task: TextTask | None = None) -> d
     tokens and windows were scored out of how many. ``task`` adds the text
     task's own protocol (its parts, separator, token counts).
     """
-    if result.stride == result.window:
+    if result.context_token is not None:
+        first = (f"each window starts with token {result.context_token}, the model's beginning-of-sequence token, "
+                 f"as context, then {result.window - 1} stream tokens; every stream token is scored "
+                 + ("once" if result.non_overlapping else
+                    f"once (each window after the first scores its last {result.stride} tokens)"))
+    elif result.non_overlapping:
         first = ("each window's first token is context only, never scored (so a full window scores window - 1 "
                  "tokens and the stream's first token is never scored)")
     else:
@@ -212,7 +245,9 @@ def protocol_record(result: PerplexityResult, task: TextTask | None = None) -> d
         record |= {
             "data": task.name, "release": task.release, "held_out_part": task.held_out_part,
             "train_part": task.train_part,
-            "document_boundaries": f"between two documents: {task.separator}; no BOS token; a window may span a "
+            "document_boundaries": f"between two documents: {task.separator}; "
+                                   + ("no BOS token" if task.context_token is None else
+                                      "the BOS token only at each window's start") + "; a window may span a "
                                    "document boundary",
         }
     return record
@@ -272,6 +307,7 @@ def measure_perplexity(
     max_windows: int | None = None,
     source: str = "",
     progress: Callable[[int, int], None] | None = None,
+    context_token: int | None = None,
 ) -> PerplexityResult:
     """Perplexity of ``model`` on a token stream, by the protocol of the module docstring.
 
@@ -287,6 +323,8 @@ def measure_perplexity(
             by :meth:`PerplexityResult.summary_line`).
         progress: called as ``progress(windows_done, windows_total)`` after
             each forward pass.
+        context_token: the token each window starts from as context
+            (:func:`bsi.data.text.context_token`); ``None``: windows of the stream alone.
 
     The model runs in eval mode under ``torch.inference_mode`` and is left in
     the mode it came in.
@@ -296,19 +334,20 @@ def measure_perplexity(
             :func:`model_context`), stride, batch size or ``max_windows``, or
             a stream shorter than 2 tokens.
     """
-    stride = window if stride is None else stride
+    context = context_token is not None
+    stride = window - context if stride is None else stride
     check_window(window, model_context(model))
-    check_stride(stride, window)
+    check_stride(stride, window - context)
     if batch_size < 1:
         raise BSIError(f"the batch size must be at least 1 window, got {batch_size}")
     if max_windows is not None and max_windows < 1:
         raise BSIError(f"max_windows must be at least 1 (or None for all), got {max_windows}: raise --max-windows")
     if tokens.dim() != 1:
         raise BSIError(f"the token stream must be one-dimensional, got shape {tuple(tokens.shape)}")
-    if tokens.shape[0] < 2:
-        raise BSIError(f"the text holds {tokens.shape[0]} token(s): perplexity needs at least 2")
+    if tokens.shape[0] < 2 - context:
+        raise BSIError(f"the text holds {tokens.shape[0]} token(s): perplexity needs at least {2 - context}")
     tokens = tokens.long()
-    all_spans = window_spans(tokens.shape[0], window, stride)
+    all_spans = window_spans(tokens.shape[0], window, stride, context=context)
     spans = all_spans if max_windows is None else all_spans[:max_windows]
     sums, counts = [0.0] * len(spans), [0] * len(spans)
     was_training = model.training
@@ -319,6 +358,9 @@ def measure_perplexity(
             for batch in _batches(spans, batch_size):
                 windows = torch.stack([tokens[spans[i].start : spans[i].end] for i in batch])  # (B, T)
                 first = torch.tensor([spans[i].first_scored - spans[i].start for i in batch])  # (B,)
+                if context:  # the context token before each window: (B, T + 1), offsets one further
+                    windows = torch.cat([torch.full_like(windows[:, :1], context_token), windows], dim=1)
+                    first = first + 1
                 batch_sums, batch_counts = window_nll(model, windows, first)
                 for row, index in enumerate(batch):
                     sums[index], counts[index] = float(batch_sums[row]), int(batch_counts[row])
@@ -332,7 +374,7 @@ def measure_perplexity(
     return PerplexityResult(
         perplexity=math.exp(mean), mean_nll=mean, tokens_scored=scored, windows=len(spans), window=window,
         stride=stride, stream_tokens=int(tokens.shape[0]), windows_in_stream=len(all_spans),
-        window_nll_sums=tuple(sums), window_token_counts=tuple(counts), source=source,
+        window_nll_sums=tuple(sums), window_token_counts=tuple(counts), source=source, context_token=context_token,
     )
 
 
@@ -350,8 +392,9 @@ def text_task_perplexity(
 
     ``window`` defaults to the task's training window; the result's
     ``source`` names the task, its held-out part and its release
-    (:attr:`~bsi.data.text.TextTask.held_out_source`).
+    (:attr:`~bsi.data.text.TextTask.held_out_source`); the task's
+    :attr:`~bsi.data.text.TextTask.context_token` starts every window.
     """
     return measure_perplexity(model, task.held_out_tokens, window=task.window if window is None else window,
                               stride=stride, batch_size=batch_size, max_windows=max_windows,
-                              source=task.held_out_source, progress=progress)
+                              source=task.held_out_source, progress=progress, context_token=task.context_token)

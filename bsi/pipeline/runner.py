@@ -712,8 +712,11 @@ class Pipeline:
             windows = self.validation_windows
             if windows is None or not windows.shape[0]:
                 raise BSIError("no validation windows: give validation_size (--validation-size N)")
-            result = measure_perplexity(self.model if model is None else model, windows.reshape(-1),
-                                        window=windows.shape[1], batch_size=self.config.eval_batch_size)
+            context = self.text.context_token
+            stream = windows if context is None else windows[:, 1:]  # the context token starts every window
+            result = measure_perplexity(self.model if model is None else model, stream.reshape(-1),
+                                        window=windows.shape[1], batch_size=self.config.eval_batch_size,
+                                        context_token=context)
             return result.mean_nll, int(windows.shape[0])
         assert self.task is not None
         return self.evaluate_on(self.task.validation, answered=0, model=model).metrics.loss, len(self.task.validation)
