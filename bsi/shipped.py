@@ -128,8 +128,9 @@ def ship_run(source: str | Path, name: str, command: str, root: Path = DATA) -> 
     figures (what the Inspect tab shows).
 
     The run must be finished (``summary.json``) and its answers readable
-    (:func:`bsi.analysis.answers.read_run_answers`); ``command`` is what made
-    it, kept in ``command.txt``.
+    (:func:`bsi.analysis.answers.read_run_answers`), or on a text task its
+    per-window losses (:func:`_check_run_window_losses`); ``command`` is what
+    made it, kept in ``command.txt``.
 
     Raises:
         BSIError: an unfinished or unreadable run, named with what is missing.
@@ -141,7 +142,11 @@ def ship_run(source: str | Path, name: str, command: str, root: Path = DATA) -> 
     if missing:
         raise BSIError(f"'{source}' is not a finished run (no {', '.join(missing)}): give the --out folder of a "
                        "finished `bsi compress`")
-    read_run_answers(source)  # readable, with both models' answers
+    summary = json.loads((source / "summary.json").read_text(encoding="utf-8"))
+    if summary.get("task") == "text":
+        _check_run_window_losses(source / "outcomes.jsonl")
+    else:
+        read_run_answers(source)  # readable, with both models' answers
     target = root / "runs" / name
     target.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(target) as tmp:
@@ -206,6 +211,24 @@ def ship_sweep(source: str | Path, name: str, command: str, root: Path = DATA) -
                 atomic_write_json(tmp / problems, {k: v[:count] for k, v in rebuilt.items()})
         atomic_write_text(tmp / "command.txt", _provenance(command, source))
     return target
+
+
+def _check_run_window_losses(path: Path) -> None:
+    """A text run's ``outcomes.jsonl``: each line a window's summed loss and token count, dense and compressed both."""
+    models: dict[str, int] = {}
+    try:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            ok = isinstance(record["loss_sum"], (int, float)) and isinstance(record["tokens"], int) \
+                and record["tokens"] > 0
+            if not ok:
+                raise ValueError(line)
+            models[record["model"]] = models.get(record["model"], 0) + 1
+    except (OSError, ValueError, KeyError, TypeError):
+        models = {}
+    if not {"finetuned", "recovered"} <= set(models) or len(set(models.values())) != 1:
+        raise BSIError(f"'{path}' is not a readable text outcome file (each evaluated model's summed loss and token "
+                       "count on the same held-out windows): run the text task again")
 
 
 def _check_window_losses(path: Path, row: StudyRow) -> None:

@@ -66,6 +66,19 @@ def test_compress_on_wikitext_2_records_the_perplexity_and_its_protocol(tmp_path
     assert len(recovered) == 8 and {o["tokens"] for o in recovered} == {63} and {o["correct"] for o in outcomes} == {None}
     assert sum(o["loss_sum"] for o in recovered) / (8 * 63) == pytest.approx(after["loss"])
 
+    # it ships without its weights, its per-window losses checked (a text run answers nothing)
+    from bsi.shipped import ship_run
+
+    shipped = ship_run(out, "wt2", "bsi compress --preset text", root=tmp_path / "data")
+    assert (shipped / "outcomes.jsonl").read_text() == (out / "outcomes.jsonl").read_text()
+    assert not list(shipped.glob("*.safetensors")) and (shipped / "command.txt").is_file()
+    broken = tmp_path / "broken"  # the compressed model's windows missing
+    shutil.copytree(out, broken, ignore=shutil.ignore_patterns("*.safetensors"))
+    (broken / "outcomes.jsonl").write_text("".join(line + "\n" for line in (out / "outcomes.jsonl").read_text()
+                                                   .splitlines() if '"recovered"' not in line))
+    with pytest.raises(BSIError, match="not a readable text outcome file"):
+        ship_run(broken, "wt2-broken", "bsi compress --preset text", root=tmp_path / "data")
+
     # the closing table speaks perplexity and states the protocol
     assert "perplexity" in printed and "accuracy" not in printed and "mean next-token loss" in printed
     assert "tokenized release" in printed and "504 tokens scored in the first 8 of" in printed

@@ -402,12 +402,42 @@ def runs_side_by_side(*names: str) -> str:
     return "\n".join(rows)
 
 
+def text_runs_side_by_side(*names: str) -> str:
+    """The text preset on several models, one row per run shipped in ``data/runs/<name>``, from its ``summary.json``.
+
+    As :func:`runs_side_by_side`, in the text task's terms: perplexity (mean
+    next-token loss in nats) of the fine-tuned dense model, of that model
+    given the compressed model's recovery steps, and of the compressed model,
+    and the paired differences in loss with their 95% intervals over the
+    held-out windows.
+    """
+    rows = ["| model | parameters | whole model | linear layers left | dense, fine-tuned | dense, + the same "
+            "recovery steps | compressed | compressed - fine-tuned dense: loss [95%] | compressed - equal-budget "
+            "dense: loss [95%] | windows | run |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def shown(metrics: dict | None) -> str:
+        return "-" if not metrics else f"{metrics['perplexity']:.2f} ({metrics['loss']:.4f})"
+
+    for name in names:
+        summary = json.loads((ROOT / "data" / "runs" / name / "summary.json").read_text(encoding="utf-8"))
+        paired = summary["paired"]
+        equal = paired.get("recovered - dense_recovered")
+        rows.append(f"| `{summary['model']}` | {summary['params_before'] / 1e6:.0f}M | "
+                    f"{summary['compression_ratio']:.2f}x | {summary['compressible_ratio']:.0%} | "
+                    f"{shown(summary['metrics_before'])} | {shown(summary.get('metrics_dense_recovered'))} | "
+                    f"{shown(summary['metrics_after'])} | {_interval(paired['recovered - finetuned']['loss'], 1, 4)} | "
+                    f"{_interval(equal['loss'], 1, 4) if equal else '-'} | {summary['metrics_after']['loss_examples']} | "
+                    f"[{name}](../data/runs/{name}/summary.json) |")
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------ filling the files
 GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": json_only, "presets": preset_table,
                                              "modules": module_map, "defaults": defaults_table,
                                              "walkthroughs": walkthrough_list, "preset-costs": preset_cost_table,
                                              "shipped": shipped_tables, "general-text": general_text_table,
-                                             "runs-side-by-side": runs_side_by_side}
+                                             "runs-side-by-side": runs_side_by_side,
+                                             "text-runs-side-by-side": text_runs_side_by_side}
 
 
 def generate(what: str) -> str:

@@ -67,7 +67,7 @@ def short(name: str) -> str:
 # The configuration is the preset with less work on top. Stage 1 fine-tunes the
 # dense model on the task (embedded word problems in GSM8K's format) for 20
 # steps here, against the preset's 50, so that the notebook's first run stays
-# within 5 minutes on 2 cores; its result is cached under `~/.cache/bsi` by a
+# at about 5 minutes on 2 cores; its result is cached under `~/.cache/bsi` by a
 # hash of its settings, so a second run of this notebook (or of notebooks 02
 # and 05, which share it) skips it. `Pipeline.reference_stage()` loads, fine-tunes and evaluates the
 # dense model: what the compressed model is compared with.
