@@ -55,25 +55,30 @@ def _stream(length: int, seed: int = 0, vocab: int = 259) -> torch.Tensor:
 # ------------------------------------------------------------------ perplexity against an independent computation
 
 
-def _reference_windows(model, tokens: torch.Tensor, window: int, stride: int) -> list[tuple[float, int]]:
+def _reference_windows(model, tokens: torch.Tensor, window: int, stride: int,
+                       context: int | None = None) -> list[tuple[float, int]]:
     """Per-window (NLL sum, tokens) by the stated rules, one forward pass per scored token.
 
     Windows start every ``stride`` tokens and stop at the end of the stream;
     a window scores each of its tokens after its first that no earlier
     window scored, from the model's logits given the window's earlier tokens
-    only.
+    only. With a ``context`` token, that token precedes each window of
+    ``window - 1`` stream tokens and the window's first token is scored too.
     """
     scored: set[int] = set()
     windows, start, total = [], 0, tokens.shape[0]
+    prefix = torch.tensor([] if context is None else [context], dtype=tokens.dtype)
+    length, first = (window, 1) if context is None else (window - 1, 0)
     with torch.no_grad():
         while True:
-            end = min(start + window, total)
+            end = min(start + length, total)
             nll, count = 0.0, 0
-            for t in range(start + 1, end):
+            for t in range(start + first, end):
                 if t in scored:
                     continue
                 scored.add(t)
-                logits = model(input_ids=tokens[None, start:t]).logits[0, -1].double()  # (V,)
+                seen = torch.cat([prefix, tokens[start:t]])
+                logits = model(input_ids=seen[None]).logits[0, -1].double()  # (V,)
                 nll -= float(torch.log_softmax(logits, dim=-1)[tokens[t]])
                 count += 1
             if count:
@@ -170,36 +175,13 @@ def test_windows_cover_the_stream_as_documented(length, window, stride):
 # ------------------------------------------------------------------ a context token (Gemma's <bos>)
 
 
-def _reference_with_context(model, tokens: torch.Tensor, window: int, stride: int, context: int) -> list:
-    """Per-window (NLL sum, tokens) with ``context`` before every window: each stream token once, one pass per token."""
-    scored: set[int] = set()
-    windows, start, total = [], 0, tokens.shape[0]
-    with torch.no_grad():
-        while True:
-            end = min(start + window - 1, total)
-            nll, count = 0.0, 0
-            for t in range(start, end):
-                if t in scored:
-                    continue
-                scored.add(t)
-                prefix = torch.cat([torch.tensor([context]), tokens[start:t]])
-                logits = model(input_ids=prefix[None]).logits[0, -1].double()  # (V,)
-                nll -= float(torch.log_softmax(logits, dim=-1)[tokens[t]])
-                count += 1
-            if count:
-                windows.append((nll, count))
-            if end == total:
-                return windows
-            start += stride
-
-
 @pytest.mark.parametrize("length,window,stride", [(61, 16, 15), (61, 16, 6), (15, 16, 15)],
                          ids=["non-overlapping", "sliding", "one-window"])
 def test_with_a_context_token_every_stream_token_is_scored_once_from_it(tiny, length, window, stride):
     model, _ = tiny
     tokens = _stream(length, seed=3 * length + stride)
     result = measure_perplexity(model, tokens, window=window, stride=stride, batch_size=2, context_token=258)
-    reference = _reference_with_context(model, tokens, window, stride, 258)
+    reference = _reference_windows(model, tokens, window, stride, context=258)
     assert list(result.window_token_counts) == [count for _, count in reference]
     assert result.tokens_scored == length  # the stream's first token too: the context token precedes it
     assert result.window_nll_sums == pytest.approx([nll for nll, _ in reference], rel=1e-5, abs=1e-4)
