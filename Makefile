@@ -57,9 +57,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 chromium:
 	@test -x /usr/bin/chromium || { $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium chromium-driver; }
 
-## test: the whole test suite (tiny models, plus short runs of the real embedded model, plus a headless browser)
+## test: the whole test suite (tiny models, plus short runs of the real embedded model, plus a headless browser); it ends with its 20 slowest tests
 test: setup chromium
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=20
 
 ## lint: ruff (lint and import order) over the checkout, mypy (strict) over layers 0-3 (pyproject.toml); make test runs both too
 lint: setup

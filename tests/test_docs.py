@@ -194,3 +194,20 @@ def test_a_drawn_sweep_figure_carries_its_data_and_stamp(tmp_path):
     cells = sorted(stats["protocols"]["tuned"]["methods"]["bsi"].values(), key=lambda c: -c["params_total"])
     drawn = next(t for t in study_figure(stats).data if t.name == "bsi" and t.mode == "lines+markers")
     assert list(drawn.y) == [stats["dense"]["accuracy"]["estimate"] * 100] + [c["accuracy"]["estimate"] * 100 for c in cells]
+
+
+def test_the_sweeps_side_by_side_rank_by_loss_and_say_where_the_order_changes():
+    from bsi.cli.docs import _sweep_cells, loss_order, sweeps_side_by_side
+
+    _, _, cells, anchor = _sweep_cells("study-quick")
+    for size in ("0.4", "0.15", "0.05"):
+        order = loss_order(cells, size)
+        losses = [cells[method][size]["loss"]["estimate"] for method in order]
+        assert losses == sorted(losses) and set(order) == {m for m in cells if size in cells[m]}
+    same = sweeps_side_by_side("study-quick", "study-quick")
+    order_rows = [line for line in same.splitlines() if line.endswith(" yes |") or line.endswith(" **no** |")]
+    assert order_rows and all(line.endswith(" yes |") for line in order_rows)  # a sweep agrees with itself
+    assert same.count("(the anchor)") == 2 * sum(1 for size in cells[anchor])
+    # seed 1 alone against the pooled seeds: at 0.05 the order of the methods moves, and the table says so
+    moved = sweeps_side_by_side("study-quick", "study-quick-seed1")
+    assert any(line.startswith("| 0.05 |") and line.endswith(" **no** |") for line in moved.splitlines())

@@ -37,6 +37,11 @@ The generators (:data:`GENERATORS`):
 * ``general-text``: what each preset costs on general text (lm-eval's
   WikiText-2 word perplexity of each run and its dense model), from
   ``data/general-text.json``, which ``bench/general_text.py`` writes.
+* ``runs-side-by-side NAME ...`` and ``text-runs-side-by-side NAME ...``:
+  one preset on several models, one row per run shipped in ``data/runs``.
+* ``sweeps-side-by-side NAME ...``: one sweep preset on several models, each
+  method at each size, from the ``stats.json`` of each sweep shipped in
+  ``data/sweeps``, and the order of the methods by loss on each model.
 
 Only ``defaults`` and ``preset-costs`` import torch (through
 :mod:`bsi.teaching` and :mod:`bsi.progress`).
@@ -55,7 +60,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = ("docs/cli.md", "docs/architecture.md", "docs/benchmarks.md", "README.md", "docs/results/study-quick.md",
-             "docs/ecosystem.md", "docs/results/text.md")
+             "docs/ecosystem.md", "docs/results/text.md", "docs/results/gemma3-270m-study-quick.md")
 """The files with generated parts, relative to the repository root."""
 
 START = re.compile(r"^<!-- generated: (?P<what>[^()]+?) \(python -m bsi\.cli\.docs\) -->$", re.MULTILINE)
@@ -431,13 +436,90 @@ def text_runs_side_by_side(*names: str) -> str:
     return "\n".join(rows)
 
 
+def _sweep_cells(name: str) -> tuple[str, list[int], dict[str, dict[str, dict]], str]:
+    """A shipped sweep's model, seeds, protocol-``tuned`` cells (method -> size -> statistics) and anchor method."""
+    folder = ROOT / "data" / "sweeps" / name
+    stats = json.loads((folder / "stats.json").read_text(encoding="utf-8"))
+    sweep = json.loads((folder / "sweep.json").read_text(encoding="utf-8"))
+    cells = stats["protocols"]["tuned"]["methods"]
+    ordered = [stats["anchor"], *sweep["settings"]["methods"]]  # the anchor first, then the sweep's own order
+    cells = {method: cells[method] for method in dict.fromkeys(ordered) if method in cells}
+    return sweep["config"]["model"], stats["dense"]["seeds"], cells, stats["anchor"]
+
+
+def _points_and_loss(stat: dict) -> str:
+    """A paired difference of accuracy (points) and loss as ``+p [lo, hi] / +l [lo, hi]``, bold where it excludes 0."""
+    parts = []
+    for key, scale, digits in (("accuracy", 100, 1), ("loss", 1, 3)):
+        one = stat[key]
+        text = f"{one['estimate'] * scale:+.{digits}f} [{one['low'] * scale:+.{digits}f}, {one['high'] * scale:+.{digits}f}]"
+        parts.append(f"**{text}**" if one["excludes_zero"] else text)
+    return " / ".join(parts)
+
+
+def loss_order(cells: dict[str, dict[str, dict]], size: str) -> list[str]:
+    """The methods that ran at ``size``, lowest pooled answer-token loss first."""
+    ran = [method for method in cells if size in cells[method]]
+    return sorted(ran, key=lambda method: cells[method][size]["loss"]["estimate"])
+
+
+def sweeps_side_by_side(*names: str) -> str:
+    """One sweep preset on several models, from each shipped sweep's ``stats.json`` (protocol ``tuned``).
+
+    A first table: each method at each size (the share of the linear layers
+    kept) with, per model, its pooled accuracy and answer-token loss and the
+    anchor method (``bsi``) minus it, paired 95% bootstrap intervals pooled
+    over that sweep's seeds (bold: the interval excludes 0). A second: the
+    methods in order of loss at each size on each model, and whether the
+    orders agree, so a change of ranking between the models is stated, not
+    left for the reader to find.
+    """
+    sweeps = [_sweep_cells(name) for name in names]
+    anchor = sweeps[0][3]
+    sizes = sorted({size for _, _, cells, _ in sweeps for method in cells for size in cells[method]},
+                   key=float, reverse=True)
+    methods = list(dict.fromkeys(method for _, _, cells, _ in sweeps for method in cells))
+    header = "| linear layers kept | method | " + " | ".join(
+        f"`{model}` (seeds {', '.join(map(str, seeds))}): accuracy % / loss | {anchor} - method: points / loss [95%]"
+        for model, seeds, _, _ in sweeps) + " |"
+    rows = [header, "|---|---|" + "---|---|" * len(sweeps)]
+    for size in sizes:
+        ratios = " / ".join(
+            f"{next(cells[m][size]['compression_ratio'] for m in cells if size in cells[m]):.2f}x"
+            if any(size in cells[m] for m in cells) else "-" for _, _, cells, _ in sweeps)
+        for method in methods:
+            if not any(size in cells.get(method, {}) for _, _, cells, _ in sweeps):
+                continue
+            row = f"| {size} ({ratios}) | `{method}` |"
+            for _, _, cells, _ in sweeps:
+                cell = cells.get(method, {}).get(size)
+                if cell is None:
+                    row += " | |"
+                    continue
+                row += (f" {100 * cell['accuracy']['estimate']:.1f} / {cell['loss']['estimate']:.3f} | "
+                        f"{_points_and_loss(cell['vs_anchor']) if 'vs_anchor' in cell else '(the anchor)'} |")
+            rows.append(row)
+    rows += ["", "| linear layers kept | " + " | ".join(f"`{model}`: lowest loss first" for model, _, _, _ in sweeps)
+             + " | the same order? |", "|---|" + "---|" * (len(sweeps) + 1)]
+    for size in sizes:
+        orders = [loss_order(cells, size) for _, _, cells, _ in sweeps]
+        common = [method for method in orders[0] if all(method in order for order in orders)]
+        same = all([m for m in order if m in common] == common for order in orders)
+        rows.append(f"| {size} | " + " | ".join(" < ".join(f"`{m}`" for m in order) for order in orders)
+                    + f" | {'yes' if same else '**no**'} |")
+    rows += ["", "The orders compare the estimates only: neighbours in an order can be within noise of each other "
+                 "(the first table says which), and only methods that ran on every model count for \"the same order\"."]
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------ filling the files
 GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": json_only, "presets": preset_table,
                                              "modules": module_map, "defaults": defaults_table,
                                              "walkthroughs": walkthrough_list, "preset-costs": preset_cost_table,
                                              "shipped": shipped_tables, "general-text": general_text_table,
                                              "runs-side-by-side": runs_side_by_side,
-                                             "text-runs-side-by-side": text_runs_side_by_side}
+                                             "text-runs-side-by-side": text_runs_side_by_side,
+                                             "sweeps-side-by-side": sweeps_side_by_side}
 
 
 def generate(what: str) -> str:
