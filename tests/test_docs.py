@@ -197,11 +197,12 @@ def test_a_drawn_sweep_figure_carries_its_data_and_stamp(tmp_path):
 
 
 def test_the_sweeps_side_by_side_rank_by_loss_and_say_where_the_order_changes():
-    from bsi.cli.docs import _sweep_cells, loss_order, sweeps_side_by_side
+    from bsi.analysis.study import methods_by_loss
+    from bsi.cli.docs import _sweep_cells, sweeps_side_by_side
 
     _, _, cells, anchor = _sweep_cells("study-quick")
     for size in ("0.4", "0.15", "0.05"):
-        order = loss_order(cells, size)
+        order = methods_by_loss(cells, size)
         losses = [cells[method][size]["loss"]["estimate"] for method in order]
         assert losses == sorted(losses) and set(order) == {m for m in cells if size in cells[m]}
     same = sweeps_side_by_side("study-quick", "study-quick")

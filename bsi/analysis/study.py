@@ -166,6 +166,19 @@ def study_stats(rows: Sequence[StudyRow], load: OutcomeLoader, protocols: Sequen
     return out
 
 
+def methods_by_loss(methods: Mapping[str, Mapping[str, Any]], target: str) -> list[str]:
+    """The methods of one protocol's statistics that ran at ``target``, lowest pooled loss first.
+
+    ``methods`` is ``stats["protocols"][protocol]["methods"]`` of a sweep's
+    ``stats.json`` (method -> target, as written, e.g. ``"0.4"`` -> its
+    pooled statistics). The order compares the estimates only: two
+    neighbours in it may be within noise of each other, which the paired
+    intervals (``vs_anchor``) say.
+    """
+    ran = [method for method in methods if target in methods[method]]
+    return sorted(ran, key=lambda method: methods[method][target]["loss"]["estimate"])
+
+
 # ------------------------------------------------------------------ tables
 def interval_text(entry: Mapping[str, Any], scale: float, digits: int, signed: bool = False) -> str:
     """``estimate [low, high]`` of an interval's dict, times ``scale``; ``signed``: a difference, with its sign, in

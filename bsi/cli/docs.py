@@ -457,12 +457,6 @@ def _points_and_loss(stat: dict) -> str:
     return " / ".join(parts)
 
 
-def loss_order(cells: dict[str, dict[str, dict]], size: str) -> list[str]:
-    """The methods that ran at ``size``, lowest pooled answer-token loss first."""
-    ran = [method for method in cells if size in cells[method]]
-    return sorted(ran, key=lambda method: cells[method][size]["loss"]["estimate"])
-
-
 def sweeps_side_by_side(*names: str) -> str:
     """One sweep preset on several models, from each shipped sweep's ``stats.json`` (protocol ``tuned``).
 
@@ -474,6 +468,8 @@ def sweeps_side_by_side(*names: str) -> str:
     orders agree, so a change of ranking between the models is stated, not
     left for the reader to find.
     """
+    from bsi.analysis.study import methods_by_loss
+
     sweeps = [_sweep_cells(name) for name in names]
     anchor = sweeps[0][3]
     sizes = sorted({size for _, _, cells, _ in sweeps for method in cells for size in cells[method]},
@@ -502,7 +498,7 @@ def sweeps_side_by_side(*names: str) -> str:
     rows += ["", "| linear layers kept | " + " | ".join(f"`{model}`: lowest loss first" for model, _, _, _ in sweeps)
              + " | the same order? |", "|---|" + "---|" * (len(sweeps) + 1)]
     for size in sizes:
-        orders = [loss_order(cells, size) for _, _, cells, _ in sweeps]
+        orders = [methods_by_loss(cells, size) for _, _, cells, _ in sweeps]
         common = [method for method in orders[0] if all(method in order for order in orders)]
         same = all([m for m in order if m in common] == common for order in orders)
         rows.append(f"| {size} | " + " | ".join(" < ".join(f"`{m}`" for m in order) for order in orders)

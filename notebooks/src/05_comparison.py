@@ -22,6 +22,7 @@ import bsi.analysis.stats
 from bsi.analysis.answers import read_sweep_answers
 from bsi.analysis.compare import comparison_markdown
 from bsi.analysis.figures import study_figure
+from bsi.analysis.study import methods_by_loss
 from bsi.cli.sweep import describe
 from bsi.config import METHOD_SPECS
 from bsi.pipeline.sweep import CellReport, LearningRateReport, Sweep
@@ -273,6 +274,27 @@ if q_theirs and "vs_anchor" in q_theirs:
         said.append(f"* **Where SVD-LLM wins:** in the shipped sweep, at {', '.join(f'{t:.0%}' for t in worse)} of the "
                     "linear layers SVD-LLM's loss is lower than `bsi`'s, with an interval that excludes 0; by then "
                     "every method answers almost nothing right (the figure).")
+second = shipped_sweep("gemma3-270m-study-quick")  # the same sweep on a second model family, when it ships
+if second is not None:
+    other_block = json.loads((second / "stats.json").read_text())["protocols"]["tuned"]["methods"]
+    both = [t for t in quick_stats["protocols"]["tuned"]["targets"]
+            if methods_by_loss(quick_block, f"{t:g}") and methods_by_loss(other_block, f"{t:g}")]
+    agree = [t for t in both if methods_by_loss(quick_block, f"{t:g}") == methods_by_loss(other_block, f"{t:g}")]
+    mild = f"{max(both):g}"
+    behind = [m for m in methods_by_loss(other_block, mild) if m != "bsi"
+              and other_block[m][mild]["vs_anchor"]["loss"]["excludes_zero"]
+              and other_block[m][mild]["vs_anchor"]["loss"]["estimate"] > 0]
+    said.append(
+        f"* **One model is not the method.** The same sweep on Gemma 3 270M (a base model, one seed) orders the "
+        f"methods by loss at {float(mild):.0%} of the linear layers as "
+        f"{' < '.join(f'`{m}`' for m in methods_by_loss(other_block, mild))}, where this model gives "
+        f"{' < '.join(f'`{m}`' for m in methods_by_loss(quick_block, mild))}"
+        + (f"; there {' and '.join(f'`{m}`' for m in behind)} end{'s' if len(behind) == 1 else ''} with a lower "
+           "loss than `bsi`, intervals excluding 0" if behind else "")
+        + f". Of the {len(both)} sizes both ran, the orders agree at {len(agree)}"
+        + (f" ({', '.join(f'{t:.0%}' for t in agree)})" if agree else "")
+        + ". A ranking on one model is a finding about that model until another agrees "
+        "([does it hold on another model?](../docs/benchmarks.md#does-it-hold-on-another-model)).")
 marks = {r["method"]: json.loads((folder / r["outcomes"]).read_text())["correct"]
          for r in rows if r["method"] == "dense" or r["target"] == smallest}
 dense_marks, others = marks.pop("dense"), list(marks.values())
