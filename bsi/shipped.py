@@ -75,6 +75,12 @@ def shipped_sweep(name: str = FIRST_SWEEP, root: Path = DATA) -> Path | None:
     return folder if (folder / "results.jsonl").is_file() else None
 
 
+def shipped_sweep_names(root: Path = DATA) -> list[str]:
+    """The names of every sweep shipped in ``data/sweeps``, :data:`FIRST_SWEEP` first, then by name."""
+    found = sorted(p.name for p in (root / "sweeps").glob("*") if shipped_sweep(p.name, root))
+    return sorted(found, key=lambda name: name != FIRST_SWEEP)
+
+
 GENERAL_TEXT = "general-text.json"
 """What each preset's run costs on general text (``bench/general_text.py --out data/general-text.json``)."""
 

@@ -454,6 +454,24 @@ def test_compare_loads_a_sweep_with_intervals_and_differences_from_bsi(tmp_path)
     assert not (tmp_path / "stats.json").exists()  # computed from the outcomes, nothing written
 
 
+def test_compare_names_the_sweeps_model_and_lists_the_shipped_sweeps(tmp_path):
+    from bsi.shipped import FIRST_SWEEP, shipped_sweep_names
+
+    _write_sweep(tmp_path)
+    assert compare.sweep_model(str(tmp_path)) is None and compare.view(str(tmp_path))[0].startswith("5 evaluated")
+    (tmp_path / "sweep.json").write_text(json.dumps({"config": {"model": "some/model"}}))
+    assert compare.view(str(tmp_path))[0].startswith("`some/model`: 5 evaluated models")
+    (tmp_path / "sweep.json").write_text("{not json")
+    assert compare.sweep_model(str(tmp_path)) is None  # an unreadable sweep.json costs the name, not the view
+    names = shipped_sweep_names()
+    assert names[0] == FIRST_SWEEP and "gemma3-270m-study-quick" in names and names[1:] == sorted(names[1:])
+    (tmp_path / "sweeps" / "b").mkdir(parents=True)
+    (tmp_path / "sweeps" / "a").mkdir()
+    (tmp_path / "sweeps" / "b" / "results.jsonl").write_text("")
+    assert shipped_sweep_names(tmp_path) == ["b"]  # only folders holding results.jsonl
+    assert shipped_sweep_names(tmp_path / "nowhere") == []
+
+
 def test_compare_reads_an_older_sweep_without_intervals_and_names_bad_lines(tmp_path):
     rows = _write_sweep(tmp_path, outcomes=False)
     status, fig, table, headers = compare.view(str(tmp_path))

@@ -219,6 +219,13 @@ def test_first_visit_shows_the_shipped_run_and_study(tmp_path):
                 expect(page.locator("#compare-status")).to_contain_text("evaluated models")
                 page.wait_for_function(HAS_DATA, arg="compare-figure")
                 page.screenshot(path=str(ARTIFACTS / "first-compare.png"), full_page=True)
+                expect(page.locator("#compare-status")).to_contain_text("smollm2-135m-instruct")
+                page.locator("#compare-shipped input").click()  # another shipped sweep: the second model's
+                page.get_by_role("option", name="gemma3-270m-study-quick", exact=True).click()
+                expect(page.locator("#compare-status")).to_contain_text("gemma3-270m", timeout=30_000)
+                expect(page.locator("#compare-folder textarea")).to_have_value(
+                    re.compile(r"gemma3-270m-study-quick$"))
+                page.wait_for_function(HAS_DATA, arg="compare-figure")
 
                 page.get_by_role("tab", name="Answers").click()
                 run_status = page.locator("#answers-run-status")

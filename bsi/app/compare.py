@@ -56,6 +56,15 @@ def load_results(spec: str) -> list[StudyRow]:
     return rows
 
 
+def sweep_model(spec: str) -> str | None:
+    """The model a sweep compressed, from its ``sweep.json`` (None when the folder has none or it is unreadable)."""
+    try:
+        config = json.loads((results_path(spec).parent / "sweep.json").read_text(encoding="utf-8"))["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return config.get("model") if isinstance(config, dict) else None
+
+
 def load_stats(spec: str, rows: Sequence[StudyRow]) -> dict | None:
     """The sweep's intervals: its ``stats.json``, else computed from the outcomes; None for a sweep without outcomes."""
     folder = results_path(spec).parent
@@ -126,7 +135,9 @@ def view(spec: str):
     stats = load_stats(spec, rows)
     methods = sorted({r.method for r in rows})
     seeds = sorted({r.seed for r in rows})
-    status = f"{len(rows)} evaluated models, methods: {', '.join(methods)}; seeds {', '.join(map(str, seeds))}"
+    model = sweep_model(spec)
+    status = (f"{f'`{model}`: ' if model else ''}{len(rows)} evaluated models, methods: {', '.join(methods)}; "
+              f"seeds {', '.join(map(str, seeds))}")
     if stats is None:
         return (status + " (no per-problem outcomes in this sweep: no intervals)", results_figure(rows),
                 plain_table(rows), HEADERS)
@@ -160,19 +171,25 @@ def render(default_dir: str = ""):
     import gradio as gr
 
     from bsi.analysis.figures import study_figure
+    from bsi.shipped import shipped_sweep, shipped_sweep_names
 
     if default_dir:
         first_status, first_figure, first_table = opening(default_dir)
     else:
         first_status, first_figure, first_table = ("Type a sweep folder and press Load.", study_figure({"protocols": {}}),
                                                    {"data": [], "headers": HEADERS})
+    shipped = [(name, str(shipped_sweep(name))) for name in shipped_sweep_names()]  # (label, folder)
     with gr.Row():
         folder = gr.Textbox(value=default_dir, label="Sweep folder (holds results.jsonl, written by `bsi sweep`)",
                             scale=4, elem_id="compare-folder")
         load = gr.Button("Load", variant="primary", scale=1, elem_id="compare-load")
+    picker = gr.Dropdown(choices=shipped, value=default_dir if default_dir in dict(shipped).values() else None,
+                         label="Or one of the sweeps shipped in data/sweeps (another model, another task)",
+                         visible=bool(shipped), elem_id="compare-shipped")
     status = gr.Markdown(first_status, elem_id="compare-status")
     figure = gr.Plot(first_figure, label="Accuracy and loss against size", elem_id="compare-figure")
     frame = gr.Dataframe(value=first_table, interactive=False, label="Runs", wrap=True, elem_id="compare-table",
                          datatype=["str", "str", "number", "number", "number", "str", "number", "str", "str", "str"])
 
     load.click(opening, folder, [status, figure, frame])
+    picker.input(lambda chosen: (chosen or "", *opening(chosen or "")), picker, [folder, status, figure, frame])

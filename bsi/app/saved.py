@@ -158,13 +158,13 @@ def opening_folders() -> tuple[str, str, str]:
     run; the sweep is :data:`~bsi.shipped.FIRST_SWEEP`, else the first
     shipped sweep by name.
     """
-    from bsi.shipped import DATA, shipped_run, shipped_sweep
+    from bsi.shipped import shipped_run, shipped_sweep, shipped_sweep_names
 
     first = shipped_run()
     plots_run = shipped_run(OPENING_RUN) if has_details(shipped_run(OPENING_RUN)) else first
     answers_run = first or plots_run
-    others = sorted(folder.name for folder in (DATA / "sweeps").glob("*")) if (DATA / "sweeps").is_dir() else []
-    sweep = shipped_sweep() or next((shipped_sweep(name) for name in others if shipped_sweep(name)), None)
+    names = shipped_sweep_names()  # FIRST_SWEEP first when it ships
+    sweep = shipped_sweep(names[0]) if names else None
     return str(plots_run or ""), str(answers_run or ""), str(sweep or "")
 
 
