@@ -67,6 +67,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fill_when_shown(page, selector: str, text: str) -> None:
+    """Type ``text`` into a text box of a tab just opened, once the tab has drawn it, and see that it holds it.
+
+    A tab's boxes are drawn when the tab opens; on a loaded machine a box
+    filled at that moment can be drawn again with its first value, and the
+    next click then sends that value instead (seen once in a full run: the
+    Load button loaded the folder the box opened with).
+    """
+    from playwright.sync_api import expect
+
+    box = page.locator(selector)
+    expect(box).to_be_visible(timeout=30_000)
+    expect(box).to_be_editable()
+    box.fill(text)
+    expect(box).to_have_value(text)
+
+
 @pytest.fixture
 def app_url(tmp_path, monkeypatch):
     with smoke_app(tmp_path, monkeypatch) as demo:
@@ -292,19 +309,21 @@ def test_bad_inputs_say_what_to_change_and_show_nothing_half(app_url, tmp_path):
             expect(page.locator("#answers-run-table")).not_to_contain_text("✓")
 
             page.get_by_role("tab", name="A sweep").click()
-            page.locator("#answers-sweep-folder textarea").fill(str(no_answers))
+            expect(page.locator("#answers-sweep-status")).to_contain_text("evaluated models")  # drawn, first sweep in
+            fill_when_shown(page, "#answers-sweep-folder textarea", str(no_answers))
             page.locator("#answers-sweep-load").click()
             expect(page.locator("#answers-sweep-status")).to_contain_text("no per-problem outcomes", timeout=30_000)
             expect(page.locator("#answers-problem-table")).not_to_contain_text("bsi @")
 
             page.get_by_role("tab", name="Compare").click()
-            page.locator("#compare-folder textarea").fill(str(empty))
+            expect(page.locator("#compare-status")).to_contain_text("evaluated models")
+            fill_when_shown(page, "#compare-folder textarea", str(empty))
             page.locator("#compare-load").click()
             expect(page.locator("#compare-status")).to_contain_text("give a sweep folder holding results.jsonl",
                                                                     timeout=30_000)
 
             page.get_by_role("tab", name="Chat").click()
-            page.locator("#chat-prompts-file textarea").fill(str(prompts))
+            fill_when_shown(page, "#chat-prompts-file textarea", str(prompts))
             page.locator("#chat-prompts-run").click()
             chat_status = page.locator("#chat-prompts-status")
             expect(chat_status).to_contain_text('line 1: the answer "eight" has no final number', timeout=30_000)
