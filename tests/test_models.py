@@ -147,7 +147,7 @@ def test_unknown_name_without_offline_mode_is_quick_too():
     start = time.perf_counter()
     with pytest.raises(BSIError, match=r"unknown model 'Tiny-Random-Llama2' \(did you mean 'tiny-random-llama'\?\)"):
         load_model_and_tokenizer("Tiny-Random-Llama2")
-    assert time.perf_counter() - start < 60  # a hang on the hub's retries takes minutes; a loaded 2-core machine 20+ s
+    assert time.perf_counter() - start < 10  # the hub's retries (transformers' adapter lookup among them) take 23 s+
     assert models.closest_built_in("nobody/no-such-model") == \
         "built-in names: smollm2-135m-instruct, embedded, tiny-random-llama, gemma3-270m"
 
