@@ -43,8 +43,9 @@ The generators (:data:`GENERATORS`):
   method at each size, from the ``stats.json`` of each sweep shipped in
   ``data/sweeps``, and the order of the methods by loss on each model.
 
-Only ``defaults`` and ``preset-costs`` import torch (through
-:mod:`bsi.teaching` and :mod:`bsi.progress`).
+Only ``defaults``, ``preset-costs`` and ``sweeps-side-by-side`` import torch
+(through :mod:`bsi.teaching`, :mod:`bsi.progress` and the statistics of
+:mod:`bsi.analysis.study`).
 """
 
 from __future__ import annotations
@@ -449,12 +450,10 @@ def _sweep_cells(name: str) -> tuple[str, list[int], dict[str, dict[str, dict]],
 
 def _points_and_loss(stat: dict) -> str:
     """A paired difference of accuracy (points) and loss as ``+p [lo, hi] / +l [lo, hi]``, bold where it excludes 0."""
-    parts = []
-    for key, scale, digits in (("accuracy", 100, 1), ("loss", 1, 3)):
-        one = stat[key]
-        text = f"{one['estimate'] * scale:+.{digits}f} [{one['low'] * scale:+.{digits}f}, {one['high'] * scale:+.{digits}f}]"
-        parts.append(f"**{text}**" if one["excludes_zero"] else text)
-    return " / ".join(parts)
+    from bsi.analysis.study import interval_text
+
+    return (f"{interval_text(stat['accuracy'], 100, 1, signed=True)} / "
+            f"{interval_text(stat['loss'], 1, 3, signed=True)}")
 
 
 def sweeps_side_by_side(*names: str) -> str:
