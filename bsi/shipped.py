@@ -34,6 +34,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import re
 import shutil
 import sys
 from datetime import datetime, timezone
@@ -262,6 +263,22 @@ DOCS = DATA.parent / "docs"
 """Where :func:`draw_sweep_figure` writes (the repository's ``docs/``)."""
 FIGURE_STAMP = "bsi-source-sha256"
 """The PNG text key (and HTML comment) that names the SHA-256 of the ``stats.json`` a docs figure was drawn from."""
+
+
+ROUND_LINE = re.compile(r"round (\d+)/(\d+): .*?([\d,]+) bases kept, mean tuning loss ([\d.]+)")
+"""A pruning round's line in a ``bsi compress`` or ``bsi sweep`` log (:class:`bsi.reports.RoundReport`'s text)."""
+
+
+def round_losses(log_text: str) -> list[tuple[int, int, int, float]]:
+    """Every round line of a log as ``(round, rounds, bases kept, mean tuning loss)``, in order.
+
+    The mean tuning loss of round ``k + 1`` is the first measure of what
+    round ``k``'s cut did: it is taken on the tuning batches right after it,
+    before recovery. A path stopped midway (a sweep cut by its time budget)
+    still leaves the rounds it finished here, although it leaves no cell.
+    """
+    found = (ROUND_LINE.search(line) for line in log_text.splitlines())
+    return [(int(m[1]), int(m[2]), int(m[3].replace(",", "")), float(m[4])) for m in found if m]
 
 
 def file_sha256(path: Path) -> str:

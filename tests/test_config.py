@@ -6,6 +6,7 @@ import pytest
 from bsi.config import (
     DEFAULT_RATIOS,
     PRESETS,
+    SWEEP_PRESETS,
     CompressConfig,
     HutchinsonConfig,
     PipelineConfig,
@@ -172,6 +173,35 @@ def test_the_default_configuration_is_the_tuned_protocol_plus_the_default_preset
     # the published protocol differs from the defaults in every setting the tuned one fixes
     defaults = CompressConfig().to_dict()  # the file's flat keys: eps_floor is the hutchinson section's
     assert all(PROTOCOLS["paper"]["compress"][name] != defaults[name] for name in TUNED_FIELDS)
+
+
+def test_each_one_change_protocol_differs_from_the_published_one_in_exactly_the_setting_it_names():
+    from bsi.config import PROTOCOLS, protocol_deviations
+
+    changed = {"paper-whitened": {"bases": "whitened"}, "paper-layer-probes": {"probe_scope": "layer"}}
+    for name, change in changed.items():
+        paper, this = PROTOCOLS["paper"]["compress"], PROTOCOLS[name]["compress"]
+        assert {k: v for k, v in this.items() if paper[k] != v} == change, name
+        config = make_config("tour", {"protocol": name})
+        assert protocol_deviations(config) == [] and config.compress.to_dict()[next(iter(change))] == \
+            next(iter(change.values()))
+        # run under `paper` with the one flag, the same settings are a deviation of `paper`, named as such
+        as_flag = make_config("tour", {"protocol": "paper", "compress": change})
+        assert protocol_deviations(as_flag) == [f"{k}={v}" for k, v in change.items()]
+    assert SWEEP_PRESETS["study"]["protocol_targets"]["paper-whitened"] == \
+        SWEEP_PRESETS["study"]["protocol_targets"]["paper"]
+
+
+def test_round_lines_are_read_back_from_a_log_even_when_the_path_stopped_midway():
+    from bsi.shipped import round_losses
+
+    log = ("finetune: step 1/50, finetune loss 1.0566\n"
+           "round 1/40: compressible layers at 100.0% (106,168,320 params), 92,914 bases kept, mean tuning loss "
+           "0.0354, eps 0.000491\ncompress: step 48/480 (10%), profile loss 4.1959\n"
+           "round 2/40: compressible layers at 100.0% (106,168,320 params), 88,177 bases kept, mean tuning loss "
+           "0.3861, eps 0.000491\nbsi sweep: interrupted\n")
+    assert round_losses(log) == [(1, 40, 92914, 0.0354), (2, 40, 88177, 0.3861)]
+    assert round_losses("no rounds here") == []
 
 
 def test_every_method_is_named_once_and_its_kind_is_answered_one_way():

@@ -246,6 +246,25 @@ def test_the_published_engine_gets_ten_tuning_steps_between_cuts_of_about_four_p
     assert "40 rounds of 12 iterations (2 profiling)" in sweep.schedule_note("paper")
 
 
+def test_the_next_one_change_rows_merge_with_the_shipped_ones_along_the_same_path(tmp_path, plan):
+    shipped = ROOT / "data" / "sweeps" / "paper-40x12-one-change-h100"
+    fingerprints = {json.loads(line)["fingerprint"] for line in (shipped / "results.jsonl").open()}
+    paper = sweep_of(plan.PAPER_SCHEDULE + ["--methods", "bsi", "--seeds", "0"], tmp_path / "paper")
+    assert fingerprints == {paper.fingerprint()}  # the shipped rows are one sweep, this schedule's
+    call = next(c for p in plan.PIECES for c in p.calls if "parallel.sh" in c.command)
+    words = shlex.split(call.command)
+    start = words.index("bench/gpu_study/parallel.sh") + 1
+    pairs = dict(zip(words[start::2], words[start + 1::2]))  # the NAME FLAGS pairs
+    assert list(pairs) == [name for name, _ in plan.ONE_CHANGE_RUNS]
+    for name, flags in pairs.items():
+        sweep = sweep_of(flags.split(), tmp_path / name)
+        assert sweep.fingerprint() == paper.fingerprint(), name  # they merge into the shipped folder
+        (protocol,), (method,) = sweep.settings.protocols, sweep.settings.methods
+        assert sweep.settings.targets_of(method, protocol) == (0.6, 0.4, 0.25), name  # the path paper's cells took
+        c = sweep.config_for(sweep.settings.seeds[0], method, protocol).compress
+        assert (c.rounds, c.round_length, c.profiling_iters) == (40, 12, 2), name
+
+
 def test_every_piece_fits_and_names_scripts_that_exist(plan):
     for piece in plan.PIECES:
         assert piece.expect_s < 15 * 60 and all(c.expect_s < c.timeout_s <= 600 for c in piece.calls), piece.number

@@ -38,6 +38,32 @@ PAPER_SCHEDULE = ["--preset", "study", "--protocols", "paper", "--rounds", "40",
                   "--sampling-ratio", "0.17", "--dtype", "float32"]
 PAPER_SCHEDULE_NAME = "paper, 40 rounds of 12 iterations (10 tuning, 2 profiling)"
 
+#: The schedule alone: with any ``--protocols`` and ``--methods`` these flags make one sweep (protocols, methods and
+#: seeds are outside its fingerprint), so rows of `paper`, the one-change protocols (`paper-whitened`,
+#: `paper-layer-probes`) and `tuned` on this schedule merge into data/sweeps/paper-40x12-one-change-h100.
+SCHEDULE = [flag for flag in PAPER_SCHEDULE if flag not in ("--protocols", "paper")]
+
+#: `tuned` along the same path as `paper` (0.25 in 40 rounds): without it, its path would go on to 0.02 in 40 rounds,
+#: cutting more each round (protocol targets are outside the fingerprint, so the rows still merge).
+TUNED_TO_025 = ["--protocol-targets", "tuned:0.6,tuned:0.4,tuned:0.25"]
+
+#: Item 2's next call (issue 55): four sweeps side by side on the one GPU (bench/gpu_study/parallel.sh; on
+#: 2026-11-27 three of them shared an H100 at little cost to each). `tuned` on the published schedule tests the
+#: reading that the one-probe curvature and the untested first-order terms put `basel` ahead of `bsi` under
+#: `paper-whitened`; seed 1 of `paper-whitened` gives that gap a second run.
+ONE_CHANGE_RUNS = (
+    ("tuned-bsi", SCHEDULE + ["--protocols", "tuned", "--methods", "bsi", "--seeds", "0"] + TUNED_TO_025),
+    ("tuned-basel", SCHEDULE + ["--protocols", "tuned", "--methods", "basel", "--seeds", "0"] + TUNED_TO_025),
+    ("whitened-bsi-1", SCHEDULE + ["--protocols", "paper-whitened", "--methods", "bsi", "--seeds", "1"]),
+    ("whitened-basel-1", SCHEDULE + ["--protocols", "paper-whitened", "--methods", "basel", "--seeds", "1"]),
+)
+
+
+def parallel_call(runs: tuple[tuple[str, list[str]], ...], seconds: int, what: str) -> Call:
+    """Several sweeps at once (parallel.sh): the work call, carrying model part b."""
+    pairs = " ".join(f"{name} {shlex.quote(' '.join(flags))}" for name, flags in runs)
+    return Call((".gpu-b",), f"SWEEP_S={seconds} bash bench/gpu_study/parallel.sh {pairs}", seconds + 60, seconds, what)
+
 
 @dataclass(frozen=True)
 class Call:
@@ -65,7 +91,8 @@ class Piece:
 
 SETUP_A = Call((".gpu-a",), "bash bench/gpu_study/setup.sh", 120, 20, "keep model part a (and the sweep copy), install "
                "gguf, check bsi imports")
-SETUP_A2 = Call((".gpu-a2",), "bash bench/gpu_study/setup.sh", 120, 15, "keep model part a2, install plotly")
+SETUP_A2 = Call((".gpu-a2",), "bash bench/gpu_study/setup.sh", 120, 15, "keep model part a2")
+SETUP_A3 = Call((".gpu-a3",), "bash bench/gpu_study/setup.sh", 120, 15, "keep model part a3")
 
 
 def sweep_call(flags: list[str], seconds: int, what: str, resume: bool = False) -> Call:
@@ -78,13 +105,13 @@ def sweep_call(flags: list[str], seconds: int, what: str, resume: bool = False) 
 PIECES = (
     Piece(1, "1: `bsi compress` in bf16 and fp32 (default, demo) + bf16 rounds against fp32",
           "bash bench/gpu_study/prepare.sh",
-          (SETUP_A, SETUP_A2, Call((".gpu-b",), "BUDGET=510 bash bench/gpu_study/compress.sh", 570, 420,
+          (SETUP_A, SETUP_A2, SETUP_A3, Call((".gpu-b",), "BUDGET=510 bash bench/gpu_study/compress.sh", 570, 420,
                        "join and install the model, 4 compress runs (2 fine-tunes), then bf16_rounds on `default`")),
           "python bench/gpu_report.py <files>/compress.json <files>/bf16.json --cpu default=data/runs/default "
           "--cpu demo=runs/demo", "compress.json, bf16.json, compress.log"),
     Piece(2, "2: study seed 3, then seed 4 if the piece has 8 minutes left (bsi, basel, svd-llm; tuned; float32)",
           "bash bench/gpu_study/prepare.sh runs/study",
-          (SETUP_A, SETUP_A2, sweep_call(SEEDS + ["--seeds", "3"], 420, "seed 3: 20 cells, 3 paths (about 5.5 min)"),
+          (SETUP_A, SETUP_A2, SETUP_A3, sweep_call(SEEDS + ["--seeds", "3"], 420, "seed 3: 20 cells, 3 paths (about 5.5 min)"),
            sweep_call(SEEDS + ["--seeds", "4"], 420, "only with 8 minutes of device time left: seed 4 into the same "
                                                      "copy (each seed on one machine)", resume=True)),
           "for f in <files of each call>/study.tgz; do rm -rf /tmp/study; tar xzf $f -C /tmp && "
@@ -92,22 +119,31 @@ PIECES = (
           "study.tgz from each sweep call (the folder and sweep.log)"),
     Piece(3, "2: the seeds piece 2 left (5, and 4 if it did not run)",
           "bash bench/gpu_study/prepare.sh runs/study   # the merged folder",
-          (SETUP_A, SETUP_A2, sweep_call(SEEDS + ["--seeds", "5"], 420, "seed 5"),
+          (SETUP_A, SETUP_A2, SETUP_A3, sweep_call(SEEDS + ["--seeds", "5"], 420, "seed 5"),
            sweep_call(SEEDS + ["--seeds", "4"], 420, "seed 4, if piece 2 did not run it", resume=True)),
           "as piece 2", "study.tgz from each sweep call"),
     Piece(4, "3: the published engine on its schedule, seed 0 (bsi, then basel)",
           "bash bench/gpu_study/prepare.sh   # later pieces: prepare.sh runs/study-paper-40x12",
-          (SETUP_A, SETUP_A2, sweep_call(PAPER_SCHEDULE + ["--methods", "bsi,basel", "--seeds", "0"], 540,
+          (SETUP_A, SETUP_A2, SETUP_A3, sweep_call(PAPER_SCHEDULE + ["--methods", "bsi,basel", "--seeds", "0"], 540,
                              "bsi's 40-round path (estimated 5-10 min), then basel's as far as SWEEP_S goes")),
           "tar xzf <files>/study.tgz -C /tmp && bsi sweep --preset study --protocols paper --rounds 40 "
           "--iters-per-epoch 480 --sampling-ratio 0.17 --out runs/study-paper-40x12 --merge /tmp/study; "
           "python bench/gpu_report.py --sweep runs/study-paper-40x12 --against runs/study",
           "study.tgz (sweep.log has every round's time)"),
     Piece(5, "4: the dashboard on the GPU, a `default` run from Start to Done", "DASHBOARD=1 bash bench/gpu_study/prepare.sh",
-          (SETUP_A, SETUP_A2, Call((".gpu-b",), "bash bench/gpu_study/install.sh", 90, 40, "join, install, convert the model"),
+          (SETUP_A, SETUP_A2, SETUP_A3, Call((".gpu-b",), "bash bench/gpu_study/install.sh", 90, 40, "join, install, convert the model"),
            Call((".gpu-c",), "BUDGET=420 bash bench/gpu_study/dashboard.sh", 480, 200,
                 "install gradio, start app.py, drive a default run (fine-tune included: a fresh cache)")),
           "python bench/gpu_report.py <files>/dashboard.json", "dashboard.json, dashboard.log"),
+    Piece(7, "issue 55, item 2 continued: `tuned` on the published schedule, `paper-whitened` seed 1 (bsi, basel)",
+          "bash bench/gpu_study/prepare.sh",
+          (SETUP_A, SETUP_A2, SETUP_A3, parallel_call(ONE_CHANGE_RUNS, 480, "four 40-round paths side by side "
+                                                      "(each about 4-5 min alone, 2026-11-27)")),
+          "cp -r data/sweeps/paper-40x12-one-change-h100 runs/one-change; for n in tuned-bsi tuned-basel "
+          "whitened-bsi-1 whitened-basel-1; do tar xzf <files>/$n.tgz -C /tmp && bsi sweep "
+          + " ".join(SCHEDULE) + " --protocols paper,paper-whitened,paper-layer-probes,tuned --methods bsi,basel "
+          "--out runs/one-change --merge /tmp/$n/study; done",
+          "one NAME.tgz per sweep (its folder and sweep.log), smi.csv"),
     Piece(6, "5: the 7B shape end to end in bf16 (random weights) + the conversion's SVD", "(nothing to carry)",
           (Call((), "python bench/gpu.py --sections e2e svd --budget 480 --json $OUT/e2e.json", 560, 480,
                 "build, conversion (251 s measured before), 2 rounds, 8 recovery steps, export, reload; then SVD ways"),),

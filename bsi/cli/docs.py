@@ -61,7 +61,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = ("docs/cli.md", "docs/architecture.md", "docs/benchmarks.md", "README.md", "docs/results/study-quick.md",
-             "docs/ecosystem.md", "docs/results/text.md", "docs/results/gemma3-270m-study-quick.md")
+             "docs/ecosystem.md", "docs/results/text.md", "docs/results/gemma3-270m-study-quick.md",
+             "docs/results/paper-40x12-one-change-h100.md")
 """The files with generated parts, relative to the repository root."""
 
 START = re.compile(r"^<!-- generated: (?P<what>[^()]+?) \(python -m bsi\.cli\.docs\) -->$", re.MULTILINE)
@@ -507,6 +508,33 @@ def sweeps_side_by_side(*names: str) -> str:
     return "\n".join(rows)
 
 
+def sweep_log_rounds(name: str, *shown: str) -> str:
+    """The mean tuning loss of chosen rounds from each ``sweep-<label>.log`` shipped in ``data/sweeps/<name>``.
+
+    One row per log (its label: protocol and method), one column per round
+    in ``shown`` (default 1, 2, 3 and the last): the loss during round ``k``
+    follows the cut of round ``k - 1``, so a jump from round 1 to round 2 is
+    the first cut's cost. A path stopped before a shown round leaves "-".
+    """
+    from bsi.shipped import round_losses
+
+    folder = ROOT / "data" / "sweeps" / name
+    logs = sorted(folder.glob("sweep-*.log"))
+    wanted = [int(x) for x in shown] or [1, 2, 3]
+    rows = ["| log | " + " | ".join(f"round {k}" for k in wanted) + " | last round it finished | bases kept then |",
+            "|---|" + "---|" * (len(wanted) + 2)]
+    for log in logs:
+        rounds = round_losses(log.read_text(encoding="utf-8"))
+        if not rounds:
+            continue
+        by_round = {r[0]: r for r in rounds}
+        last = rounds[-1]
+        rows.append(f"| `{log.name}` | " + " | ".join(f"{by_round[k][3]:.3f}" if k in by_round else "-"
+                                                      for k in wanted)
+                    + f" | {last[0]} of {last[1]}: {last[3]:.3f} | {last[2]:,} |")
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------ filling the files
 GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": json_only, "presets": preset_table,
                                              "modules": module_map, "defaults": defaults_table,
@@ -514,7 +542,8 @@ GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": 
                                              "shipped": shipped_tables, "general-text": general_text_table,
                                              "runs-side-by-side": runs_side_by_side,
                                              "text-runs-side-by-side": text_runs_side_by_side,
-                                             "sweeps-side-by-side": sweeps_side_by_side}
+                                             "sweeps-side-by-side": sweeps_side_by_side,
+                                             "sweep-log-rounds": sweep_log_rounds}
 
 
 def generate(what: str) -> str:

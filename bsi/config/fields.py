@@ -37,7 +37,7 @@ RECOVER_TARGETS = ("factors", "sigma")
 TASK_KINDS = ("auto", "qa", "text")
 DTYPES = ("float32", "bfloat16", "float16")
 AUTOCAST_CHOICES = ("off", "on")
-PROTOCOL_NAMES = ("tuned", "paper")
+PROTOCOL_NAMES = ("tuned", "paper", "paper-whitened", "paper-layer-probes")
 WITHIN_LAYER = ("score", "magnitude")
 
 T = TypeVar("T", bound="JsonConfig")

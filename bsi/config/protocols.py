@@ -35,6 +35,18 @@ PROTOCOLS: dict[str, dict[str, Any]] = {
     },
 }
 
+# One deviation at a time from ``paper``, each named for what it changes (docs/method.md, "Protocols"): a row of
+# either says which single choice of the published method it tests.
+PROTOCOLS["paper-whitened"] = {
+    "description": "the published method with one change: whitened bases (SVD of W S) instead of plain SVD bases",
+    "compress": PROTOCOLS["paper"]["compress"] | {"bases": "whitened"},
+}
+PROTOCOLS["paper-layer-probes"] = {
+    "description": "the published method with its curvature probed one layer at a time, as its pseudo-code draws "
+                   "(1 + 2L gradient passes per profiling batch) instead of one joint probe over the model",
+    "compress": PROTOCOLS["paper"]["compress"] | {"probe_scope": "layer"},
+}
+
 
 def protocol_deviations(config: PipelineConfig) -> list[str]:
     """The ``compress`` settings of ``config`` that differ from its protocol's, as ``field=value`` (empty: none).

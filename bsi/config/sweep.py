@@ -113,7 +113,8 @@ SWEEP_PRESETS: dict[str, dict[str, Any]] = {
     # The published engine settings collapse on this model already at 0.6 with a CPU-sized schedule (their
     # schedule search and its cost: docs/benchmarks.md), so the study runs them at the three mildest sizes.
     "study": {"targets": (0.6, 0.4, 0.25, 0.15, 0.1, 0.05), "extra_targets": {"bsi": (0.02,), "basel": (0.02,)},
-              "seeds": (0, 1, 2), "protocols": ("tuned", "paper"), "protocol_targets": {"paper": (0.6, 0.4, 0.25)},
+              "seeds": (0, 1, 2), "protocols": ("tuned", "paper"), "protocol_targets": {"paper": (0.6, 0.4, 0.25),
+              "paper-whitened": (0.6, 0.4, 0.25), "paper-layer-probes": (0.6, 0.4, 0.25)},
               "lr_grid": (2e-5, 1e-4, 5e-4), "lr_targets": (0.4, 0.1)},
     # Learning rates chosen at two sizes: bsi's choice at 0.15 (5e-4) used at 0.4 left it at 10.7% against basel's
     # 37% there; a mild cut wants a smaller rate than a deep one (docs/benchmarks.md, 2026-11-25).
