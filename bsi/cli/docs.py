@@ -512,9 +512,10 @@ def sweep_log_rounds(name: str, *shown: str) -> str:
     """The mean tuning loss of chosen rounds from each ``sweep-<label>.log`` shipped in ``data/sweeps/<name>``.
 
     One row per log (its label: protocol and method), one column per round
-    in ``shown`` (default 1, 2, 3 and the last): the loss during round ``k``
-    follows the cut of round ``k - 1``, so a jump from round 1 to round 2 is
-    the first cut's cost. A path stopped before a shown round leaves "-".
+    in ``shown`` (default 1, 2 and 3), then the last round it finished. The
+    loss during round ``k`` follows the cut of round ``k - 1``, so a jump
+    from round 1 to round 2 is the first cut's cost. A path stopped before a
+    shown round leaves "-".
     """
     from bsi.shipped import round_losses
 

@@ -469,7 +469,9 @@ class PipelineConfig(JsonConfig):
                           "probes, the auxiliary vectors' start")
     protocol: str = option("tuned", "settings of the engine methods: tuned (bsi's improved defaults) or paper (the "
                                     "published method: plain SVD bases, per-layer mass rule, symmetric-perturbation "
-                                    "curvature); applied after the preset, before the other flags", choices=PROTOCOL_NAMES)
+                                    "curvature), or paper with one change (paper-whitened: whitened bases; "
+                                    "paper-layer-probes: one curvature probe per layer); applied after the preset, "
+                                    "before the other flags", choices=PROTOCOL_NAMES)
     preset: str | None = option(None, "the preset this configuration started from", cli=False)
 
     def __post_init__(self) -> None:
