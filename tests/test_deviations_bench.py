@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "deviations.py"
 
 
 @pytest.fixture(scope="module")
 def deviations():
-    spec = importlib.util.spec_from_file_location("bench_deviations", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH, "bench_deviations")
 
 
 def test_two_seeds_are_kept_apart_resumed_and_pooled(deviations, isolated_cache, tmp_path, capsys):

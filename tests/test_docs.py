@@ -212,3 +212,21 @@ def test_the_sweeps_side_by_side_rank_by_loss_and_say_where_the_order_changes():
     # seed 1 alone against the pooled seeds: at 0.05 the order of the methods moves, and the table says so
     moved = sweeps_side_by_side("study-quick", "study-quick-seed1")
     assert any(line.startswith("| 0.05 |") and line.endswith(" **no** |") for line in moved.splitlines())
+
+
+def test_the_per_seed_table_gives_each_seeds_own_difference_from_the_rows():
+    import json
+
+    from bsi.cli.docs import sweep_seeds
+
+    rows = [json.loads(line) for line in (ROOT / "data" / "sweeps" / "study-quick" / "results.jsonl").open()]
+    cell = {(r["method"], r["target"], r["seed"]): r for r in rows if r["protocol"] == "tuned"}
+    table = sweep_seeds("study-quick", "basel")
+    line = next(line for line in table.splitlines() if line.startswith("| `basel` |") and ";" in line)
+    first = line.split("|")[2].strip()  # the 0.4 column: "a0, a1 [lo, hi]; l0, l1 [lo, hi]"
+    accuracy, loss = (part.split("[")[0].strip(" *").split(", ") for part in first.split(";"))
+    for seed in (0, 1):
+        bsi, basel = cell[("bsi", 0.4, seed)], cell[("basel", 0.4, seed)]
+        assert float(accuracy[seed]) == pytest.approx(100 * (bsi["accuracy"] - basel["accuracy"]), abs=0.051)
+        assert float(loss[seed]) == pytest.approx(bsi["loss"] - basel["loss"], abs=0.0006)
+    assert table.splitlines()[2].startswith("| `bsi` | 49.5% / 0.083 |")  # the pooled cell: both seeds' mean

@@ -9,17 +9,16 @@ What needs CUDA is skipped without it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shlex
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
 from bsi.cli import build_parser
 from bsi.cli import main as bsi_main
@@ -35,11 +34,7 @@ STAGES = ("load", "finetune", "conversion", "rounds", "recovery", "evaluation", 
 
 
 def load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / path, name)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ a page links to its neighbours' rendered pages, never to a notebook.
 from __future__ import annotations
 
 import html
-import importlib.util
 import re
 from collections.abc import Iterator
 from functools import cache
@@ -21,6 +20,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,10 +141,7 @@ def test_the_walkthroughs_link_to_each_others_rendered_pages():
 
 
 def _render():
-    spec = importlib.util.spec_from_file_location("notebook_render", ROOT / "notebooks" / "render.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "notebooks" / "render.py", "notebook_render")
 
 
 def test_relink_rewrites_notebook_links_for_the_rendered_copies():

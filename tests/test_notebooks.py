@@ -16,7 +16,6 @@ fails here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import load_script
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,10 +101,7 @@ CHECKS = {"01": _check_reparameterization, "02": _check_scoring, "03": _check_ro
 
 
 def _builder():
-    spec = importlib.util.spec_from_file_location("notebook_build", NOTEBOOK_DIR / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(NOTEBOOK_DIR / "build.py", "notebook_build")
 
 
 def test_every_notebook_has_a_source_and_none_holds_outputs():

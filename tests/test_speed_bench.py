@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH / f"{name}.py", f"bench_{name}")
 
 
 def test_length_sorted_batches_hold_the_same_examples_with_less_padding():

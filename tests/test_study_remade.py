@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = [p for p in (ROOT / "data" / "sweeps" / "study", ROOT / "data" / "in-progress" / "study")
@@ -13,10 +13,7 @@ FOLDERS = [p for p in (ROOT / "data" / "sweeps" / "study", ROOT / "data" / "in-p
 
 
 def bench():
-    spec = importlib.util.spec_from_file_location("study_against_log", ROOT / "bench" / "study_against_log.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "study_against_log.py")
 
 
 def test_the_printed_seed_0_tables_are_read_back_whole():
@@ -38,3 +35,28 @@ def test_every_re_made_seed_0_cell_gives_the_printed_digits(folder):
             compared += 1
             assert abs(now[0] - accuracy) < 0.05 and abs(now[1] - loss) < 0.0006, (protocol, method, target, now)
     assert compared >= 40  # the in-progress folder held 40 of seed 0's 53 cells (64 printed) on 2026-11-27
+
+
+def test_the_printed_three_seed_tables_are_read_back_whole():
+    module = bench()
+    pooled = module.printed_pooled_cells(ROOT / "docs" / "log.md")
+    assert len(pooled) == 7 * 6 + 2  # seven methods at six sizes, bsi and basel at 0.02 too
+    assert pooled[("bsi", 0.15)] == (6.2, 0.509) and pooled[("svd", 0.05)] == (0.2, 6.397)
+    by_seed = module.printed_seed_differences(ROOT / "docs" / "log.md")
+    assert len(by_seed) == 3 * 6 * 3  # basel, svd-llm, bsi-grad at six sizes, three seeds
+    assert by_seed[("basel", 0.6, 0)] == (7.5, 0.002) and by_seed[("bsi-grad", 0.05, 2)] == (-5.5, -0.033)
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: p.parent.name)
+def test_seeds_0_and_1_give_the_printed_per_seed_differences(folder):
+    """Seeds 0 and 1 ran on the 2-core CPU both times: their differences from `bsi` must not move."""
+    module = bench()
+    cells = module.folder_seed_cells(folder)
+    compared = 0
+    for (method, target, seed), (accuracy, loss) in module.printed_seed_differences(ROOT / "docs" / "log.md").items():
+        mine, theirs = cells.get(("bsi", target, seed)), cells.get((method, target, seed))
+        if seed in (0, 1) and mine and theirs:
+            compared += 1
+            assert abs(mine[0] - theirs[0] - accuracy) < 0.051, (method, target, seed)
+            assert abs(mine[1] - theirs[1] - loss) < 0.0006, (method, target, seed)
+    assert compared == 2 * 3 * 6

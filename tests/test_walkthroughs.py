@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import html
-import importlib.util
 import json
 import re
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "walkthroughs"
@@ -37,10 +37,7 @@ NETWORK = re.compile(r"""(?:<script[^>]*\bsrc|<link[^>]*\bhref|<img[^>]*\bsrc)\s
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"notebook_{name}", ROOT / "notebooks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "notebooks" / f"{name}.py", f"notebook_{name}")
 
 
 def _png_size(data: bytes) -> tuple[int, int]:

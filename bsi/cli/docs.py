@@ -457,6 +457,58 @@ def _points_and_loss(stat: dict) -> str:
             f"{interval_text(stat['loss'], 1, 3, signed=True)}")
 
 
+def sweep_seeds(name: str, *compared: str) -> str:
+    """A shipped sweep's protocol-``tuned`` cells in two compact tables, from its ``stats.json``.
+
+    The first: each method's accuracy and answer-token loss pooled over the
+    seeds at every size (no intervals: the sweep's own tables carry them). The
+    second, for the ``compared`` methods (all but the anchor when none are
+    named): the anchor (``bsi``) minus the method seed by seed, then the 95%
+    t-interval over those per-seed differences, the run-to-run interval that
+    the pooled bootstrap (which resamples problems, not training runs) leaves
+    out; **bold** where it excludes 0.
+    """
+    from bsi.analysis.study import interval_text
+
+    _, seeds, cells, anchor = _sweep_cells(name)
+    sizes = sorted({size for method in cells for size in cells[method]}, key=float, reverse=True)
+
+    def ratio(size: str) -> str:
+        return f"{next(cells[m][size]['compression_ratio'] for m in cells if size in cells[m]):.2f}x"
+
+    rows = ["| method | " + " | ".join(f"{size} ({ratio(size)})" for size in sizes) + " |",
+            "|---|" + "---|" * len(sizes)]
+    for method, by_size in cells.items():
+        rows.append(f"| `{method}` | " + " | ".join(
+            f"{100 * by_size[size]['accuracy']['estimate']:.1f}% / {by_size[size]['loss']['estimate']:.3f}"
+            if size in by_size else "" for size in sizes) + " |")
+    rows += ["", f"`{anchor}` minus the method, seed by seed ({', '.join(map(str, seeds))}), then the 95% t-interval "
+                 "over the seeds: accuracy in points; loss (**bold**: the t-interval excludes 0).", "",
+             f"| `{anchor}` minus | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for method in compared or [m for m in cells if m != anchor]:
+        texts = []
+        for size in sizes:
+            vs = cells[method].get(size, {}).get("vs_anchor")
+            if not vs or "per_seed" not in vs:
+                texts.append("")
+                continue
+            accuracy = ", ".join(f"{100 * d:+.1f}" for d in vs["per_seed"]["accuracy"])
+            loss = ", ".join(f"{d:+.3f}" for d in vs["per_seed"]["loss"])
+            over = vs["over_seeds"]
+            texts.append(f"{accuracy} {_bracket(interval_text(over['accuracy'], 100, 1, signed=True))}; "
+                         f"{loss} {_bracket(interval_text(over['loss'], 1, 3, signed=True))}")
+        rows.append(f"| `{method}` | " + " | ".join(texts) + " |")
+    return "\n".join(rows)
+
+
+def _bracket(text: str) -> str:
+    """The interval of ``estimate [low, high]`` alone (bold kept): the estimate is the seeds' mean, shown pooled."""
+    bold = text.startswith("**")
+    inner = text.strip("*")
+    interval = inner[inner.index("["):]
+    return f"**{interval}**" if bold else interval
+
+
 def sweeps_side_by_side(*names: str) -> str:
     """One sweep preset on several models, from each shipped sweep's ``stats.json`` (protocol ``tuned``).
 
@@ -543,7 +595,7 @@ GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": 
                                              "shipped": shipped_tables, "general-text": general_text_table,
                                              "runs-side-by-side": runs_side_by_side,
                                              "text-runs-side-by-side": text_runs_side_by_side,
-                                             "sweeps-side-by-side": sweeps_side_by_side,
+                                             "sweeps-side-by-side": sweeps_side_by_side, "sweep-seeds": sweep_seeds,
                                              "sweep-log-rounds": sweep_log_rounds}
 
 
