@@ -1,6 +1,6 @@
 """The re-made study against the lost one: its cells beside the tables docs/log.md printed on 2026-11-26.
 
-    python bench/study_against_log.py data/in-progress/study    # or runs/study, data/sweeps/study
+    python bench/study_against_log.py data/sweeps/study    # or a re-made folder such as runs/study
 
 The lost folder survives only as printed tables (docs/log.md). Two kinds:
 
@@ -156,7 +156,8 @@ def folder_cells(folder: Path, seed: int = 0) -> dict[tuple[str, str, float], tu
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("folder", nargs="?", default="runs/study", help="the re-made study's folder (default: runs/study)")
+    p.add_argument("folder", nargs="?", default="data/sweeps/study",
+                   help="the re-made study's folder (default: data/sweeps/study)")
     args = p.parse_args(argv)
     old, new = printed_cells(ROOT / "docs" / "log.md"), folder_cells(Path(args.folder))
     agree, differ, missing = 0, [], []

@@ -110,13 +110,13 @@ def test_cancel_mid_round_then_start_and_chat(server, monkeypatch):
     job = a.submit(*SMOKE, api_name="/start")
     wait_for(lambda: any("round 1/2" in s for s in statuses(job)), 120, "round 1 to finish")
     session = server.visitors.get(a.session_hash)
-    steps_at_cancel = len(session.steps)
     assert "Cancelling" in a.predict(api_name="/cancel")
+    steps_at_cancel = len(session.steps)  # the request is in (counted here: on a busy machine it can take a step or two)
     final = job.result()
     assert final[0].startswith("**Cancelled.**"), final[0]
     assert not server.board.busy and not session.running
     assert len(session.rounds) == 1 and session.compressed is None  # stopped inside round 2
-    assert len(session.steps) <= steps_at_cancel + 3  # within a report or two of the request
+    assert len(session.steps) <= steps_at_cancel + 3  # within a report or two (round 2 has 40 steps)
 
     monkeypatch.setitem(PRESETS, "smoke", original_smoke)
     assert a.submit(*SMOKE, api_name="/start").result()[0].startswith("**Done**")

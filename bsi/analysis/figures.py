@@ -276,7 +276,8 @@ def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figu
 
     ``stats`` is :func:`bsi.analysis.study.study_stats`'s output (a sweep's
     ``stats.json``). One row of panels per protocol (accuracy left, loss
-    right, the loss on a log axis); each line starts at the dense model; a
+    right, the loss on a log axis), ``tuned`` first (bsi's own settings, the
+    comparison a reader looks for); each line starts at the dense model; a
     band is the method's pooled bootstrap interval over the test problems of
     every seed. The size axis is logarithmic and runs from large to small.
     On a text task the left panel is the perplexity (log axis) and the right
@@ -285,7 +286,7 @@ def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figu
     """
     from bsi.config import is_engine_method
 
-    chosen = [p for p in (protocols or list(stats.get("protocols", {})))
+    chosen = [p for p in (protocols or sorted(stats.get("protocols", {}), key=lambda name: name != "tuned"))
               if stats["protocols"].get(p, {}).get("methods") or stats["protocols"].get(p, {}).get("no_recovery")]
     if not chosen:
         return empty_figure("Accuracy and loss against model size", "no results yet: run or load a sweep")
@@ -293,12 +294,12 @@ def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figu
     first, first_scale = ("perplexity", 1.0) if text else ("accuracy", 100.0)
     loss_title = "mean next-token loss" if text else "answer-token loss"
     titles = [f"{title} ({p} protocol)" for p in chosen for title in (first, loss_title)]
-    fig = make_subplots(rows=len(chosen), cols=2, subplot_titles=titles, vertical_spacing=0.12 / max(len(chosen), 1))
+    fig = make_subplots(rows=len(chosen), cols=2, subplot_titles=titles, vertical_spacing=0.24 / max(len(chosen), 1))
     dense = stats.get("dense")
+    every = [m for p in chosen for g in ("methods", "no_recovery") for m in stats["protocols"][p].get(g, {})]
+    colors = {m: METHOD_COLORS[i % len(METHOD_COLORS)] for i, m in enumerate(dict.fromkeys(every))}  # one per method
     for r, protocol in enumerate(chosen, start=1):
         block = stats["protocols"][protocol]
-        colors = {m: METHOD_COLORS[i % len(METHOD_COLORS)]
-                  for i, m in enumerate(dict.fromkeys([*block.get("methods", {}), *block.get("no_recovery", {})]))}
         for group, dash, suffix in (("methods", "solid", ""), ("no_recovery", "dot", "no recovery")):
             for method, cells in block.get(group, {}).items():
                 # a truncation method runs as published under every protocol: its label says so

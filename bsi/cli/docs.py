@@ -62,7 +62,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = ("docs/cli.md", "docs/architecture.md", "docs/benchmarks.md", "README.md", "docs/results/study-quick.md",
              "docs/ecosystem.md", "docs/results/text.md", "docs/results/gemma3-270m-study-quick.md",
-             "docs/results/paper-40x12-one-change-h100.md")
+             "docs/results/paper-40x12-one-change-h100.md", "docs/results/study.md")
 """The files with generated parts, relative to the repository root."""
 
 START = re.compile(r"^<!-- generated: (?P<what>[^()]+?) \(python -m bsi\.cli\.docs\) -->$", re.MULTILINE)
