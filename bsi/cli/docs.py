@@ -42,8 +42,13 @@ The generators (:data:`GENERATORS`):
 * ``sweeps-side-by-side NAME ...``: one sweep preset on several models, each
   method at each size, from the ``stats.json`` of each sweep shipped in
   ``data/sweeps``, and the order of the methods by loss on each model.
+* ``sweep-seeds NAME [METHOD ...]``: a shipped sweep's pooled cells, then the
+  anchor minus each named method seed by seed with the t-interval over the
+  seeds (the run-to-run interval), from its ``stats.json``.
+* ``sweep-log-rounds NAME ROUND ...``: the mean tuning loss of the named
+  rounds in each ``sweep-<label>.log`` shipped with a sweep.
 
-Only ``defaults``, ``preset-costs`` and ``sweeps-side-by-side`` import torch
+Only ``defaults``, ``preset-costs``, ``sweeps-side-by-side`` and ``sweep-seeds`` import torch
 (through :mod:`bsi.teaching`, :mod:`bsi.progress` and the statistics of
 :mod:`bsi.analysis.study`).
 """
