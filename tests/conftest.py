@@ -47,8 +47,8 @@ def tier_of(item: pytest.Item) -> str:
     return "unit" if name in UNIT_FILES else "integration"
 
 
-#: Files that take 30 s or more (a real model, mypy): started first, so that with two workers (``make test``,
-#: pytest-xdist, one file per worker at a time) no long file is left for the end while the other worker idles.
+#: Files that take 30 s or more (a real model, mypy): started first, so that with two workers (``make test
+#: TEST_WORKERS=2``, pytest-xdist, one file per worker at a time) no long file is left for the end.
 LONG_FILES = ("test_real_model.py", "test_lm_eval.py", "test_style.py", "test_walkthroughs.py", "test_app_browser.py")
 
 
@@ -61,7 +61,8 @@ def pytest_collection_modifyitems(config, items):
         rank = LONG_FILES.index(name) if name in LONG_FILES else len(LONG_FILES)
         return rank, TIERS[::-1].index(tier_of(item))  # then e2e, integration, unit
 
-    items.sort(key=start)  # stable: each file keeps its own order
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # only on workers: a one-process run keeps the files' own order
+        items.sort(key=start)  # stable: each file keeps its own order
 
 
 @pytest.fixture(autouse=True)
