@@ -34,13 +34,27 @@ CELL = re.compile(r"([\d.]+) \[[^]]*\] / ([\d.]+) \[")  # "71.5 [65.5, 77.5] / 0
 ROW = re.compile(r"\| `([\w-]+)` \|(.*)\|$")
 
 
+def _section(log: Path, start: str, end: str) -> list[str]:
+    """The log's lines from the heading ``start`` up to the heading ``end``."""
+    lines = log.read_text(encoding="utf-8").splitlines()
+    return lines[lines.index(start):lines.index(end)]
+
+
+def same_digits(now: tuple[float, float], printed: tuple[float, float]) -> bool:
+    """Whether (accuracy %, loss) rounds to the printed (0.1 point, 0.001) digits."""
+    return abs(now[0] - printed[0]) < 0.051 and abs(now[1] - printed[1]) < 0.0006
+
+
+def _rows(folder: Path) -> list[dict]:
+    """Every row of a sweep folder's ``results.jsonl``."""
+    return [json.loads(line) for line in (folder / "results.jsonl").open(encoding="utf-8")]
+
+
 def printed_cells(log: Path) -> dict[tuple[str, str, float], tuple[float, float]]:
     """(protocol, method, target) -> (accuracy %, loss) from the absolute tables of the log's seed-0 section."""
-    lines = log.read_text(encoding="utf-8").splitlines()
-    section = lines[lines.index(SECTION[0]):lines.index(SECTION[1])]
     cells: dict[tuple[str, str, float], tuple[float, float]] = {}
     protocol, sizes = "tuned", []
-    for line in section:
+    for line in _section(log, SECTION[0], SECTION[1]):
         if line.startswith("Protocol `paper`"):
             protocol = "paper"
         if line.startswith("| method | 0.6"):
@@ -52,11 +66,6 @@ def printed_cells(log: Path) -> dict[tuple[str, str, float], tuple[float, float]
                 if found:
                     cells[(protocol, row[1], size)] = (float(found[1]), float(found[2]))
     return cells
-
-
-def _section(log: Path, start: str, end: str) -> list[str]:
-    lines = log.read_text(encoding="utf-8").splitlines()
-    return lines[lines.index(start):lines.index(end)]
 
 
 def printed_pooled_cells(log: Path) -> dict[tuple[str, float], tuple[float, float]]:
@@ -100,9 +109,8 @@ def printed_seed_differences(log: Path) -> dict[tuple[str, float, int], tuple[fl
 
 def folder_seed_cells(folder: Path) -> dict[tuple[str, float, int], tuple[float, float]]:
     """(method, target, seed) -> (accuracy %, loss) of every `tuned` or `published` row of a sweep folder."""
-    rows = (json.loads(line) for line in (folder / "results.jsonl").open(encoding="utf-8"))
     return {(r["method"], r["target"], r["seed"]): (100 * r["accuracy"], r["loss"])
-            for r in rows if r["protocol"] in ("tuned", "published")}
+            for r in _rows(folder) if r["protocol"] in ("tuned", "published")}
 
 
 def pooled(cells: dict[tuple[str, float, int], tuple[float, float]],
@@ -122,7 +130,7 @@ def three_seed_comparison(log: Path, folder: Path) -> list[str]:
         now = pooled(cells, method, target)
         if now is None:
             continue
-        if abs(now[0] - accuracy) < 0.051 and abs(now[1] - loss) < 0.0006:
+        if same_digits(now, (accuracy, loss)):
             same += 1
         else:
             other += 1
@@ -136,7 +144,7 @@ def three_seed_comparison(log: Path, folder: Path) -> list[str]:
         if mine is None or theirs is None:
             continue
         now = (mine[0] - theirs[0], mine[1] - theirs[1])
-        if abs(now[0] - accuracy) < 0.051 and abs(now[1] - loss) < 0.0006:
+        if same_digits(now, (accuracy, loss)):
             by_seed[seed][0] += 1
         else:
             by_seed[seed][1] += 1
@@ -149,9 +157,8 @@ def three_seed_comparison(log: Path, folder: Path) -> list[str]:
 
 def folder_cells(folder: Path, seed: int = 0) -> dict[tuple[str, str, float], tuple[float, float]]:
     """(protocol, method, target) -> (accuracy %, loss) of one seed's rows of a sweep folder (dense rows left out)."""
-    rows = (json.loads(line) for line in (folder / "results.jsonl").open(encoding="utf-8"))
     return {(r["protocol"], r["method"], r["target"]): (100 * r["accuracy"], r["loss"])
-            for r in rows if r["seed"] == seed and r["method"] != "dense"}
+            for r in _rows(folder) if r["seed"] == seed and r["method"] != "dense"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         now = new.get((protocol, method, target)) or new.get(("published", method, target))
         if now is None:
             missing.append((protocol, method, target))
-        elif abs(now[0] - accuracy) < 0.05 and abs(now[1] - loss) < 0.0006:  # the same printed digits
+        elif same_digits(now, (accuracy, loss)):
             agree += 1
         else:
             differ.append(((protocol, method, target), (accuracy, loss), now))

@@ -48,7 +48,7 @@ The generators (:data:`GENERATORS`):
 * ``sweep-log-rounds NAME ROUND ...``: the mean tuning loss of the named
   rounds in each ``sweep-<label>.log`` shipped with a sweep.
 
-Only ``defaults``, ``preset-costs``, ``sweeps-side-by-side`` and ``sweep-seeds`` import torch
+Only ``defaults``, ``preset-costs`` and ``sweeps-side-by-side`` import torch
 (through :mod:`bsi.teaching`, :mod:`bsi.progress` and the statistics of
 :mod:`bsi.analysis.study`).
 """
@@ -473,8 +473,6 @@ def sweep_seeds(name: str, *compared: str) -> str:
     the pooled bootstrap (which resamples problems, not training runs) leaves
     out; **bold** where it excludes 0.
     """
-    from bsi.analysis.study import interval_text
-
     _, seeds, cells, anchor = _sweep_cells(name)
     sizes = sorted({size for method in cells for size in cells[method]}, key=float, reverse=True)
 
@@ -500,18 +498,15 @@ def sweep_seeds(name: str, *compared: str) -> str:
             accuracy = ", ".join(f"{100 * d:+.1f}" for d in vs["per_seed"]["accuracy"])
             loss = ", ".join(f"{d:+.3f}" for d in vs["per_seed"]["loss"])
             over = vs["over_seeds"]
-            texts.append(f"{accuracy} {_bracket(interval_text(over['accuracy'], 100, 1, signed=True))}; "
-                         f"{loss} {_bracket(interval_text(over['loss'], 1, 3, signed=True))}")
+            texts.append(f"{accuracy} {_t_interval(over['accuracy'], 100, 1)}; {loss} {_t_interval(over['loss'], 1, 3)}")
         rows.append(f"| `{method}` | " + " | ".join(texts) + " |")
     return "\n".join(rows)
 
 
-def _bracket(text: str) -> str:
-    """The interval of ``estimate [low, high]`` alone (bold kept): the estimate is the seeds' mean, shown pooled."""
-    bold = text.startswith("**")
-    inner = text.strip("*")
-    interval = inner[inner.index("["):]
-    return f"**{interval}**" if bold else interval
+def _t_interval(entry: dict, scale: float, digits: int) -> str:
+    """``[low, high]`` of an interval over seeds, signed, times ``scale``; **bold** where it excludes 0."""
+    text = f"[{scale * entry['low']:+.{digits}f}, {scale * entry['high']:+.{digits}f}]"
+    return f"**{text}**" if entry.get("excludes_zero") else text
 
 
 def sweeps_side_by_side(*names: str) -> str:
