@@ -4,10 +4,10 @@
     python bench/speed.py --model tiny-random-llama    # a smoke run (seconds)
     python bench/speed.py --sections train evaluate --repeats 3 --json /tmp/speed.json
 
-Every ratio's baseline is the code path ``bsi compress`` runs today, timed in
-the same run and interleaved with the candidate (bench/common.py). None of
-the candidates below is a default; each changes the numbers a run produces,
-and the table says by how much on the batches it timed:
+Every ratio's baseline is a code path ``bsi compress`` runs (or ran), timed
+in the same run and interleaved with the candidate (bench/common.py). Each
+candidate may change the numbers a run produces, and the table says by how
+much on the batches it timed:
 
 * ``train``: one dense fine-tuning step (loss, backward, clipping, AdamW, as
   bsi.pipeline.training does it) and one engine tuning step (the Basel form,
@@ -21,10 +21,13 @@ and the table says by how much on the batches it timed:
   (``length-sorted``: fewer padded positions). Quality: the loss of the
   same batch and the cosine between the two gradients.
 * ``evaluate``: the evaluation of ``--eval-problems`` test problems
-  (bsi.pipeline.evaluate.evaluate) with today's batch of 16 prompts against
-  bigger batches, bf16 autocast, bf16 weights and the gold answer as a draft
-  of the greedy answer (:func:`evaluate_gold_draft`); quality: how many answers and correct
-  marks differ from today's, and the loss difference.
+  (bsi.pipeline.evaluate.evaluate) in batches of 16 prompts, decoding every
+  answer token from the prompt on (``decode loop``, the default until
+  2026-11-28) against the gold answer as a draft of the greedy answer (``gold
+  draft``, the default since), bigger batches, bf16 autocast and bf16
+  weights; quality: how many answers and correct marks differ from the
+  baseline's, and the loss difference. ``--model`` takes a saved model's
+  folder too (a fine-tune in ``$BSI_CACHE/finetuned``, a run's ``model/``).
 """
 
 from __future__ import annotations
@@ -171,7 +174,7 @@ def bench_train(model, tokenizer, task, config, repeats: int) -> dict:
 
 
 def bench_evaluate(model, tokenizer, task, config, problems: int, repeats: int, batch_sizes: list[int]) -> dict:
-    """The evaluation of ``problems`` test problems: today's batch of 16 against bigger ones and bf16 autocast."""
+    """The evaluation of ``problems`` test problems: the decode loop against the gold draft, bigger batches and bf16."""
     from bsi.pipeline.evaluate import evaluate
 
     examples = task.test[:problems]
@@ -179,30 +182,22 @@ def bench_evaluate(model, tokenizer, task, config, problems: int, repeats: int, 
 
     half = copy.deepcopy(model).to(torch.bfloat16)  # what --dtype bfloat16 evaluates
 
-    def variant(batch_size: int, bf16: bool, name: str | None = None, net=model):
+    def variant(name: str, batch_size: int, *, bf16: bool = False, draft: bool = True, net=model):
         def run(i: int) -> None:
             with autocast(bf16):
-                results[name or name_of(batch_size, bf16)] = evaluate(net, tokenizer, examples, batch_size=batch_size,
-                                                                      max_new_tokens=config.max_new_tokens)
+                results[name] = evaluate(net, tokenizer, examples, batch_size=batch_size,
+                                         max_new_tokens=config.max_new_tokens, gold_draft=draft)
         return run
 
-    def name_of(batch_size: int, bf16: bool) -> str:
-        return f"batch {batch_size}{' bf16' if bf16 else ''}"
-
-    base = name_of(config.eval_batch_size, False)
-    variants = {base: variant(config.eval_batch_size, False)}
-    for size in batch_sizes:
-        if size != config.eval_batch_size:
-            variants[name_of(size, False)] = variant(size, False)
-    variants[name_of(config.eval_batch_size, True)] = variant(config.eval_batch_size, True)
-    bf16_weights = f"batch {config.eval_batch_size} bf16 weights"
-    variants[bf16_weights] = variant(config.eval_batch_size, False, bf16_weights, half)
-    draft = f"batch {config.eval_batch_size} gold draft"
-
-    def drafted(i: int) -> None:
-        results[draft] = evaluate_gold_draft(model, tokenizer, examples, batch_size=config.eval_batch_size,
-                                             max_new_tokens=config.max_new_tokens)
-    variants[draft] = drafted
+    size = config.eval_batch_size
+    base = f"batch {size} decode loop"
+    variants = {base: variant(base, size, draft=False), f"batch {size} gold draft": variant(f"batch {size} gold draft", size)}
+    for other in batch_sizes:
+        if other != size:
+            variants[f"batch {other} gold draft"] = variant(f"batch {other} gold draft", other)
+    variants[f"batch {size} decode loop bf16"] = variant(f"batch {size} decode loop bf16", size, bf16=True, draft=False)
+    variants[f"batch {size} decode loop bf16 weights"] = variant(f"batch {size} decode loop bf16 weights", size,
+                                                                 draft=False, net=half)
     print("[speed] evaluation ...", file=sys.stderr, flush=True)
     timings = interleave(variants, repeats)
     reference = results[base]
@@ -216,129 +211,6 @@ def bench_evaluate(model, tokenizer, task, config, problems: int, repeats: int, 
             "loss_difference": evaluation.metrics.loss - reference.metrics.loss}
     return {"problems": len(examples), "timings": timings.to_dict(), "quality": differences,
             "ratios": {name: timings.median(base) / timings.median(name) for name in variants if name != base}}
-
-
-def evaluate_gold_draft(model, tokenizer, examples, *, batch_size: int = 16, max_new_tokens: int = 96):
-    """``bsi.pipeline.evaluate.evaluate`` with the gold answer as a free draft of the greedy answer (a candidate).
-
-    The teacher-forced pass over ``prompt + gold answer`` already holds the
-    model's greedy choice at every answer position: where it agrees with the
-    gold token, the greedy answer *is* the gold answer so far, and its
-    key-value cache is already computed. Each row accepts its longest such
-    prefix (checked for the stop token and a complete answer line, as the
-    decode loop checks every token), takes the choice after it from the same
-    logits, and only then decodes token by token, its cache keeping the
-    accepted answer positions (masked beyond them). The same greedy answers
-    up to float32 rounding: the accepted tokens' logits come from one
-    batched pass instead of one pass per token, so an arg-max between two
-    near-equal logits can differ (the table counts differing answers).
-    """
-    from bsi.data import answers_match, encode_answer, encode_prompt, extract_answer
-    from bsi.pipeline.evaluate import Evaluation, ProblemOutcome
-
-    prompts = [encode_prompt(tokenizer, e.question) for e in examples]
-    golds = [encode_answer(tokenizer, e.answer) for e in examples]
-    outcomes = []
-    for e, (loss_sum, count, text) in zip(examples, drafted_answers(model, tokenizer, prompts, golds,
-                                                                      batch_size=batch_size,
-                                                                      max_new_tokens=max_new_tokens)):
-        correct = answers_match(extract_answer(text), extract_answer(e.answer) or "")
-        outcomes.append(ProblemOutcome(loss_sum, count, correct, text))
-    return Evaluation(tuple(outcomes))
-
-
-@torch.inference_mode()
-def drafted_answers(model, tokenizer, prompts: list[list[int]], golds: list[list[int]], *, batch_size: int,
-                    max_new_tokens: int) -> list[tuple[float, int, str]]:
-    """:func:`evaluate_gold_draft` on token ids: each problem's ``(loss_sum, tokens, greedy answer text)``, in order."""
-    from bsi.data import pad_id, stop_token_ids
-    from bsi.pipeline.evaluate import (
-        _left_pad,
-        _length_order,
-        _right_pad,
-        answer_line_complete,
-        eval_mode,
-        positions_from_mask,
-    )
-    from bsi.pipeline.losses import device_of
-
-    pad, stops = pad_id(tokenizer), set(stop_token_ids(tokenizer))
-    results: list = [None] * len(prompts)
-    device = device_of(model)
-    order = _length_order([len(p) + len(g) for p, g in zip(prompts, golds)])
-    with eval_mode(model):
-        for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
-            prompt_ids, prompt_mask = _left_pad([prompts[i] for i in chunk], pad)  # (B, P)
-            answer_ids, answer_mask = _right_pad([golds[i] for i in chunk], pad)  # (B, A)
-            ids = torch.cat([prompt_ids, answer_ids], dim=1).to(device)
-            mask = torch.cat([prompt_mask, answer_mask], dim=1).to(device)
-            width = answer_ids.shape[1]
-            output = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), use_cache=True,
-                           logits_to_keep=width + 1)
-            logits = output.logits[:, :width + 1].float()  # (B, A + 1, V)
-            per_token = torch.nn.functional.cross_entropy(logits[:, :width].transpose(1, 2), answer_ids.to(device),
-                                                          reduction="none")  # (B, A)
-            valid = answer_mask.to(device).bool()
-            sums, counts = (per_token * valid).sum(dim=1).cpu(), valid.sum(dim=1).cpu()
-            greedy = logits.argmax(dim=-1).cpu()  # (B, A + 1): the greedy choice after each answer prefix
-            agree = (greedy[:, :width] == answer_ids) & answer_mask.bool()  # (B, A)
-            accepted = agree.long().cumprod(dim=1).sum(dim=1).tolist()  # leading agreements per row
-            tokens: list[list[int]] = [[] for _ in chunk]
-            running, chosen_next = [], []
-            for row, k in enumerate(accepted):
-                choices = answer_ids[row, :k].tolist() + [int(greedy[row, k])]
-                done = False
-                for token in choices:  # the decode loop's checks, token by token
-                    if token in stops:
-                        done = True
-                        break
-                    tokens[row].append(token)
-                    text = tokenizer.decode(tokens[row], skip_special_tokens=True)
-                    if answer_line_complete(text) or len(tokens[row]) >= max_new_tokens:
-                        done = True
-                        break
-                if not done:
-                    running.append(row)
-                    chosen_next.append(tokens[row][-1])
-            if running:
-                cache = output.past_key_values  # prompt + the whole gold answer
-                keep = torch.tensor(running, device=device)
-                cache.batch_select_indices(keep)
-                kept = torch.tensor(accepted)[running]  # (b,)
-                answer_cols = (torch.arange(width)[None, :] < kept[:, None]).long()  # (b, A): the accepted answer
-                active_mask = torch.cat([prompt_mask[running], answer_cols], dim=1).to(device)  # (b, P + A)
-                position = (prompt_mask[running].sum(dim=1) + kept).to(device)  # the next token's position
-                chosen = torch.tensor(chosen_next, device=device)
-                active = list(running)
-                while active:
-                    active_mask = torch.cat([active_mask, active_mask.new_ones(len(active), 1)], dim=1)
-                    out = model(input_ids=chosen[:, None], attention_mask=active_mask, position_ids=position[:, None],
-                                past_key_values=cache, use_cache=True)
-                    position = position + 1
-                    next_tokens = out.logits[:, -1].float().argmax(dim=-1).tolist()
-                    still = []
-                    for i, (row, token) in enumerate(zip(active, next_tokens)):
-                        if token in stops:
-                            continue
-                        tokens[row].append(token)
-                        text = tokenizer.decode(tokens[row], skip_special_tokens=True)
-                        if answer_line_complete(text) or len(tokens[row]) >= max_new_tokens:
-                            continue
-                        still.append(i)
-                    if len(still) < len(active):
-                        if not still:
-                            break
-                        index = torch.tensor(still, device=device)
-                        cache.batch_select_indices(index)
-                        active_mask, position = active_mask[index], position[index]
-                        active = [active[i] for i in still]
-                        next_tokens = [next_tokens[i] for i in still]
-                    chosen = torch.tensor(next_tokens, device=device)
-            for row, i in enumerate(chunk):
-                results[i] = (float(sums[row]), int(counts[row]),
-                              tokenizer.decode(tokens[row], skip_special_tokens=True).strip())
-    return results
 
 
 def table(result: dict) -> str:

@@ -230,3 +230,23 @@ def test_the_per_seed_table_gives_each_seeds_own_difference_from_the_rows():
         assert float(accuracy[seed]) == pytest.approx(100 * (bsi["accuracy"] - basel["accuracy"]), abs=0.051)
         assert float(loss[seed]) == pytest.approx(bsi["loss"] - basel["loss"], abs=0.0006)
     assert table.splitlines()[2].startswith("| `bsi` | 49.5% / 0.083 |")  # the pooled cell: both seeds' mean
+
+
+def test_the_speed_tables_read_the_committed_measurements():
+    import json
+
+    from bsi.cli.docs import run_profiles, speed_evaluation
+
+    folder = ROOT / "data" / "speed"
+    profile = json.loads((folder / "profile-tour-2026-11-28.json").read_text())
+    table = run_profiles("profile-tour-2026-11-28")
+    recovery = next(line for line in table.splitlines() if line.startswith("| recovery |"))
+    assert recovery == f"| recovery | {profile['parts']['recovery']['seconds']:.0f} " \
+                       f"({profile['parts']['recovery']['share']:.1%}) |"
+    assert any(line.startswith("| &nbsp;&nbsp;&nbsp;&nbsp;&nbsp;&nbsp;&nbsp;&nbsp;factorisation") for line in
+               table.splitlines())  # two levels down: inside the conversion, inside the pruning stage
+    speed = json.loads((folder / "evaluation-2026-11-28-compressed.json").read_text())["evaluate"]
+    rows = speed_evaluation("evaluation-2026-11-28-compressed").splitlines()[2:]
+    assert len(rows) == len(speed["timings"]) and "| baseline |" in rows[0]
+    draft = next(row for row in rows if "| batch 16 gold draft |" in row)
+    assert f"| {speed['ratios']['batch 16 gold draft']:.2f}x | 0 | 0 |" in draft

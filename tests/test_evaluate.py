@@ -9,7 +9,14 @@ import torch
 
 from bsi.data import BatchStream, Example, collate, encode_example, encode_prompt, stop_token_ids
 from bsi.models import TINY_MODEL, load_model_and_tokenizer
-from bsi.pipeline.evaluate import Metrics, answer_line_complete, dataset_loss, evaluate, generate_answers
+from bsi.pipeline.evaluate import (
+    Metrics,
+    accepted_draft_lengths,
+    answer_line_complete,
+    dataset_loss,
+    evaluate,
+    generate_answers,
+)
 from bsi.pipeline.losses import answer_token_loss
 from bsi.pipeline.training import finetune
 
@@ -134,6 +141,32 @@ def test_answers_are_those_of_transformers_generate(tiny):
         assert reference.startswith(outcome.prediction)
         if not answer_line_complete(reference):  # no answer line to stop at: the whole text
             assert outcome.prediction == reference
+
+
+@pytest.mark.parametrize("training_steps", [0, 40, 150])
+def test_gold_draft_gives_the_decode_loops_answers_in_fewer_steps(tiny, training_steps):
+    """Untrained (no draft accepted), half-trained (parts) and overfit (whole answers): the same outcomes as
+    decoding every token from the prompt, and never more one-token decode calls."""
+    model, tokenizer = tiny
+    if training_steps:
+        _overfit(model, tokenizer, EXAMPLES, steps=training_steps)
+    calls: list[int] = []
+    hook = model.register_forward_pre_hook(lambda m, a, k: calls.append(k["input_ids"].shape[1]), with_kwargs=True)
+    plain = evaluate(model, tokenizer, EXAMPLES, batch_size=3, max_new_tokens=24, gold_draft=False)
+    plain_steps, calls[:] = calls.count(1), []
+    drafted = evaluate(model, tokenizer, EXAMPLES, batch_size=3, max_new_tokens=24)
+    hook.remove()
+    assert drafted.outcomes == plain.outcomes
+    assert calls.count(1) <= plain_steps
+    if training_steps == 150:  # the model writes most gold answers: their tokens need no decode step
+        assert drafted.metrics.accuracy >= 0.75 and calls.count(1) < plain_steps
+
+
+def test_accepted_draft_stops_at_the_first_disagreement_and_the_answers_end():
+    greedy = torch.tensor([[5, 6, 9, 1], [5, 6, 7, 2], [4, 6, 7, 3], [5, 0, 0, 0]])  # (B, A + 1)
+    gold = torch.tensor([[5, 6, 7], [5, 6, 7], [5, 6, 7], [5, 0, 0]])  # (B, A), row 3 one token long
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 0, 0]])
+    assert accepted_draft_lengths(greedy, gold, mask).tolist() == [2, 3, 0, 1]
 
 
 def test_an_answer_stops_after_its_answer_line(tiny):

@@ -20,10 +20,31 @@ ARGS = ["--preset", "smoke", "--quiet", "--rounds", "4", "--iters-per-epoch", "1
         "--eval-examples", "2", "--seed", "3"]
 
 
+def _default_ctrl_c() -> None:
+    """In the child before it starts: Ctrl-C at its default, whatever the test process inherited or set.
+
+    A process started with SIGINT ignored (or blocked) keeps it so across
+    ``exec``, and Python then installs no KeyboardInterrupt handler: a test
+    runner's worker, or a library run in it earlier, can leave that behind.
+    """
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(out, cache):
     env = {**os.environ, "BSI_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "bsi", "compress", *ARGS, "--out", str(out)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_ctrl_c)
+
+
+def signal_state(pid: int) -> str:
+    """The signal masks of a running process, as Linux reports them (for a failure's message)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return " ".join(line.strip() for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError:
+        return "(no /proc status)"
 
 
 def wait_for_checkpoint(proc, out):
@@ -81,10 +102,12 @@ def test_ctrl_c_prints_the_resume_command_that_finishes_the_run(tmp_path):
     out = tmp_path / "interrupted run"  # a space: the printed command must quote it
     proc = start(out, tmp_path / "cache")
     wait_for_checkpoint(proc, out)
+    state = signal_state(proc.pid)
+    assert proc.poll() is None, "the run ended before Ctrl-C could be sent"
     proc.send_signal(signal.SIGINT)
     err = proc.stderr.read()
     proc.wait(timeout=120)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, f"exit {proc.returncode}, stderr {err!r}, signals of the run: {state}"
     assert "Traceback" not in err and "nothing was written" not in err
     command = err.strip().splitlines()[-1]
     assert command == f"bsi compress --resume {shlex.quote(str(out))}"

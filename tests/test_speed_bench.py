@@ -1,4 +1,5 @@
-"""bench/stage_profile.py and bench/speed.py: every stage profiled, and the length-sorted batches hold the same examples."""
+"""bench/stage_profile.py and bench/speed.py: every stage profiled, the length-sorted batches hold the same examples,
+and the evaluation section compares the decode loop with the gold draft."""
 
 from __future__ import annotations
 
@@ -61,46 +62,37 @@ def test_stage_profile_covers_every_stage(tmp_path, capsys):
     assert all(f"\n{name} " in table for name in stages)
 
 
-
-def test_gold_draft_evaluation_gives_the_decode_loops_answers():
-    """Drafts accepted whole (the model's own greedy tokens), in part (their first half) or not at all (the
-    task's answer): the same answers and losses as today's scoring pass and decode loop, in fewer decode steps."""
-    from bsi.data import encode_answer, encode_prompt, load_task, pad_id
-    from bsi.models import load_model_and_tokenizer
-    from bsi.pipeline.evaluate import _length_order, _score_batch, eval_mode, greedy_decode
-
+def test_speed_bench_evaluation_section_on_the_tiny_model(tmp_path, capsys):
     speed = load("speed")
-    model, tokenizer = load_model_and_tokenizer("tiny-random-llama")
-    examples = load_task("embedded-math", test_size=100, seed=0).test[:12]
-    prompts = [encode_prompt(tokenizer, e.question) for e in examples]
-    with torch.inference_mode():
-        own = [model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                              max_new_tokens=24, do_sample=False)[0, len(p):].tolist() for p in prompts]
-    golds = [encode_answer(tokenizer, e.answer) if i % 3 == 0 else own[i][: len(own[i]) // (i % 3)]
-             for i, e in enumerate(examples)]
+    out = tmp_path / "speed.json"
+    speed.main(["--model", "tiny-random-llama", "--preset", "smoke", "--sections", "evaluate", "--repeats", "1",
+                "--eval-problems", "4", "--eval-batch-sizes", "2", "--json", str(out)])
+    result = json.loads(out.read_text())["evaluate"]
+    assert result["problems"] == 4
+    base = next(name for name in result["timings"] if name.endswith("decode loop"))
+    assert result["quality"][base]["answers_differ"] == 0
+    assert set(result["ratios"]) == set(result["timings"]) - {base}
+    draft = next(name for name in result["quality"] if name.endswith("gold draft"))
+    assert result["quality"][draft]["loss_difference"] == pytest.approx(0, abs=1e-6)
+    assert "gold draft" in capsys.readouterr().out
 
-    def today(prompts, golds):  # bsi.pipeline.evaluate.evaluate's loop, on token ids
-        out = [None] * len(prompts)
-        order = _length_order([len(p) + len(g) for p, g in zip(prompts, golds)])
-        with eval_mode(model), torch.inference_mode():
-            for start in range(0, len(order), 8):
-                chunk = order[start:start + 8]
-                sums, counts, first, cache, mask = _score_batch(model, [prompts[i] for i in chunk],
-                                                                [golds[i] for i in chunk], pad_id(tokenizer), True)
-                texts = greedy_decode(model, tokenizer, first, cache, mask, max_new_tokens=24)
-                for i, loss_sum, count, text in zip(chunk, sums.tolist(), counts.tolist(), texts):
-                    out[i] = (loss_sum, int(count), text)
-        return out
 
-    calls = []
-    hook = model.register_forward_pre_hook(lambda m, a, k: calls.append(k["input_ids"].shape[1]), with_kwargs=True)
-    reference = today(prompts, golds)
-    steps_today, calls[:] = calls.count(1), []
-    assert speed.drafted_answers(model, tokenizer, prompts, golds, batch_size=8, max_new_tokens=24) == reference
-    assert calls.count(1) <= steps_today
-
-    calls[:] = []
-    whole = speed.drafted_answers(model, tokenizer, prompts, own, batch_size=8, max_new_tokens=24)
-    hook.remove()
-    assert whole == today(prompts, own)
-    assert calls.count(1) < 6  # every draft accepted: hardly a decode step (today: up to 23 per batch)
+def test_run_profile_counts_each_part_inside_its_parent_only(tmp_path, capsys):
+    """A recording of three stacks: shares are inclusive, the dense evaluation counts only inside the dense
+    model's stage, the compressed one only outside it, and the rest of the process falls outside the pipeline."""
+    profile = load("run_profile")
+    run = "<module> (bsi/__main__.py:3);Pipeline.run (bsi/pipeline/runner.py:1);Pipeline._stages (x.py:2)"
+    raw = tmp_path / "profile.raw"
+    raw.write_text("\n".join([
+        f"{run};Pipeline.reference_stage (r.py:1);Pipeline.evaluate_stage (r.py:2);_score_batch (e.py:3) 10",
+        f"{run};Pipeline.compress (r.py:4);Compressor.run (e.py:1);Compressor._train_step (e.py:2) 60",
+        f"{run};Pipeline.evaluate_stage (r.py:2);greedy_decode (e.py:9) 20",
+        "<module> (bsi/__main__.py:3);import torch (t.py:1) 10",
+    ]) + "\n")
+    profile.main(["--raw", str(raw), "--json", str(tmp_path / "p.json"), "--rate", "10"])
+    parts = json.loads((tmp_path / "p.json").read_text())["parts"]
+    assert parts["dense evaluation"]["samples"] == 10 and parts["compressed evaluation"]["samples"] == 20
+    assert parts["tuning steps"]["samples"] == 60 and parts["pruning stage"]["share"] == pytest.approx(0.6)
+    assert parts["outside the pipeline (start, imports, summary)"]["samples"] == 10
+    assert parts["both evaluations' decode steps"]["seconds"] == pytest.approx(2.0)
+    assert "| &nbsp;&nbsp;tuning steps | 6 | 60.0% |" in capsys.readouterr().out

@@ -588,6 +588,51 @@ def sweep_log_rounds(name: str, *shown: str) -> str:
     return "\n".join(rows)
 
 
+def run_profiles(*names: str) -> str:
+    """Where whole ``bsi compress`` runs spent their time, side by side, from ``bench/run_profile.py``'s JSON files.
+
+    ``names`` are files ``data/speed/<name>.json``; one column per file,
+    one row per part of the run (indented under the part it belongs to),
+    each cell its sampled seconds and its share of that run.
+    """
+    profiles = [json.loads((ROOT / "data" / "speed" / f"{name}.json").read_text(encoding="utf-8")) for name in names]
+    parts = list(profiles[0]["parts"])
+    rows = ["| part of the run | " + " | ".join(f"`{name}`: seconds (share)" for name in names) + " |",
+            "|---|" + "---|" * len(names)]
+    for label in parts:
+        depth, parent = 0, profiles[0]["parts"][label]["part_of"]
+        while parent is not None:
+            depth, parent = depth + 1, profiles[0]["parts"][parent]["part_of"]
+        cells = [f"{p['parts'][label]['seconds']:.0f} ({p['parts'][label]['share']:.1%})" if label in p["parts"]
+                 else "-" for p in profiles]
+        rows.append(f"| {'&nbsp;' * 4 * depth}{label} | " + " | ".join(cells) + " |")
+    rows.append("| whole run, sampled / wall | " + " | ".join(
+        f"{p['seconds']:.0f} / {p['wall_s']:.0f}" if p.get("wall_s") else f"{p['seconds']:.0f} / -"
+        for p in profiles) + " |")
+    return "\n".join(rows)
+
+
+def speed_evaluation(*names: str) -> str:
+    """``bench/speed.py --sections evaluate`` results, one row per variant and model, from ``data/speed/<name>.json``.
+
+    Each variant's median time, its speed-up over the file's baseline (the
+    decode loop without a draft) and how many answers, marks and how much
+    loss differ from the baseline's on the same problems.
+    """
+    rows = ["| model | evaluation | time (median) | speed-up | answers that differ | marks that differ | accuracy | "
+            "loss - baseline's |", "|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        result = json.loads((ROOT / "data" / "speed" / f"{name}.json").read_text(encoding="utf-8"))
+        evaluation = result["evaluate"]
+        for variant, timing in evaluation["timings"].items():
+            quality, ratio = evaluation["quality"][variant], evaluation["ratios"].get(variant)
+            rows.append(f"| `{name}` ({evaluation['problems']} problems) | {variant} | {timing['median_s']:.2f} s | "
+                        f"{'baseline' if ratio is None else f'{ratio:.2f}x'} | {quality['answers_differ']} | "
+                        f"{quality['correct_differ']} | {100 * quality['accuracy']:.0f}% | "
+                        f"{quality['loss_difference']:+.1e} |")
+    return "\n".join(rows)
+
+
 # ------------------------------------------------------------------ filling the files
 GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": json_only, "presets": preset_table,
                                              "modules": module_map, "defaults": defaults_table,
@@ -596,7 +641,8 @@ GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": 
                                              "runs-side-by-side": runs_side_by_side,
                                              "text-runs-side-by-side": text_runs_side_by_side,
                                              "sweeps-side-by-side": sweeps_side_by_side, "sweep-seeds": sweep_seeds,
-                                             "sweep-log-rounds": sweep_log_rounds}
+                                             "sweep-log-rounds": sweep_log_rounds, "run-profiles": run_profiles,
+                                             "speed-evaluation": speed_evaluation}
 
 
 def generate(what: str) -> str:

@@ -48,7 +48,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "recover": {"steps": 4, "lr": 1e-3, "warmup_steps": 0},
     },
     # The best trade on the embedded model (2 cores): 1.82x whole model at 92% against the dense model's 84%
-    # (100 problems, paired 95% interval of the difference +2 to +14 points) in 9 min 16 s with the
+    # (100 problems, paired 95% interval of the difference +2 to +14 points) in 8 min 58 s with the
     # fine-tune cached (PRESET_COSTS, docs/benchmarks.md). The dataclasses' own defaults, so that the Python API
     # (PipelineConfig()) and `bsi compress` run the same job. Change a default above, not here.
     "default": {},
@@ -154,7 +154,7 @@ class PresetCost:
     source: str | None = None
 
     def time_text(self) -> str:
-        """``9 min 16 s with the fine-tune cached, 11 min 42 s with an empty cache (2 cores, 2026-11-27)``."""
+        """``8 min 58 s with the fine-tune cached, 11 min 42 s with an empty cache (bsi compress, 2 cores, 2026-11-28)``."""
         parts = [f"{duration(self.cached_seconds)} with the fine-tune cached" if self.cached_seconds else None,
                  f"{duration(self.uncached_seconds)} with an empty cache" if self.uncached_seconds else None]
         shown = ", ".join(p for p in parts if p)

@@ -6,14 +6,26 @@ One pass per batch of held-out problems gives both numbers:
    (right-padded) run through the model together. The logits at the answer
    positions give each problem's answer-token cross-entropy, the same loss
    training minimises (:data:`bsi.pipeline.losses.answer_token_loss`).
-2. **Greedy answer from the same prefix.** The logits at the last prompt
-   position are also the model's first greedy token; the key-value cache is
-   cropped back to the prompt and :func:`greedy_decode` continues from
-   there, so the prompt is processed once for both numbers. A row stops at
-   the end-of-turn token, or as soon as its first answer line
-   (``#### <number>`` and one character after it) is complete: what follows
-   cannot change the answer, and on a CPU, decoding dominates the cost of
-   evaluating a damaged model that rambles. Finished rows leave the batch.
+2. **Greedy answer from the same pass.** The logits at the last prompt
+   position are the model's first greedy token, and the logits at every
+   answer position hold the model's greedy choice after that prefix of the
+   gold answer. Where those choices reproduce the gold tokens, the greedy
+   answer *is* the gold answer so far, and its key-value cache is already
+   computed: each row accepts its longest such prefix (a *gold draft*,
+   :func:`accepted_draft_lengths`) and :func:`greedy_decode` continues token
+   by token only after it. The prompt and the agreeing part of the answer are
+   processed once for both numbers; a model that answers as the gold answer
+   does needs hardly any decode step. A row stops at the end-of-turn token,
+   or as soon as its first answer line (``#### <number>`` and one character
+   after it) is complete: what follows cannot change the answer, and on a
+   CPU, decoding dominates the cost of evaluating a damaged model that
+   rambles. Finished rows leave the batch.
+
+   The answers are the greedy decode loop's in exact arithmetic. In floating
+   point, an accepted token's logits come from one batched pass instead of
+   one pass per token, so an arg-max between two logits equal to rounding
+   could differ; ``evaluate(..., gold_draft=False)`` decodes every token
+   from the prompt on (the cache cropped back to the prompt) for comparison.
 
 :func:`evaluate` returns an :class:`Evaluation`: one :class:`ProblemOutcome`
 per problem (correct or not, summed loss, token count) and the aggregate
@@ -141,14 +153,22 @@ def positions_from_mask(mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(dim=-1) - 1).clamp(min=0)
 
 
-def _score_batch(model: nn.Module, prompts: Sequence[list[int]], answers: Sequence[list[int]], pad: int,
-                 keep_cache: bool):
-    """The teacher-forced pass over ``prompt + gold answer`` for a batch.
+@dataclass
+class _ScoredBatch:
+    """The teacher-forced pass over ``prompt + gold answer`` for one batch (see :func:`_score_batch`)."""
 
-    Returns ``(loss_sums (B,), counts (B,), first_logits (B, V), cache, prompt_mask (B, P))``;
-    ``first_logits`` are the logits after the prompt (the first greedy token),
-    ``cache`` the key-value cache cropped back to the prompt (None unless asked).
-    """
+    loss_sums: torch.Tensor  # (B,) summed answer-token cross-entropy, on the CPU
+    counts: torch.Tensor  # (B,) answer tokens, on the CPU
+    logits: torch.Tensor  # (B, A + 1, V) float32: position P-1+j predicts answer token j
+    answer_ids: torch.Tensor  # (B, A) right-padded gold answers, on the model's device
+    answer_mask: torch.Tensor  # (B, A) 1 on real answer tokens, on the model's device
+    prompt_mask: torch.Tensor  # (B, P) 0 on left padding, on the model's device
+    cache: object  # the key-value cache of all P + A positions (None unless kept)
+
+
+def _score_batch(model: nn.Module, prompts: Sequence[list[int]], answers: Sequence[list[int]], pad: int,
+                 keep_cache: bool) -> _ScoredBatch:
+    """The teacher-forced pass over ``prompt + gold answer`` for a batch: losses, logits and (if asked) the cache."""
     device = device_of(model)
     prompt_ids, prompt_mask = _left_pad(prompts, pad)  # (B, P)
     answer_ids, answer_mask = _right_pad(answers, pad)  # (B, A)
@@ -168,22 +188,81 @@ def _score_batch(model: nn.Module, prompts: Sequence[list[int]], answers: Sequen
     valid = answer_mask.to(device).bool()  # (B, A)
     loss_sums = (per_token * valid).sum(dim=1)  # (B,)
     counts = valid.sum(dim=1)  # (B,)
-    cache = None
-    if keep_cache:
-        cache = output.past_key_values
-        cache.crop(-width)  # back to the prompt: generation continues from there
-    return loss_sums.cpu(), counts.cpu(), logits[:, 0], cache, prompt_mask.to(device)
+    return _ScoredBatch(loss_sums.cpu(), counts.cpu(), logits, targets, answer_mask.to(device),
+                        prompt_mask.to(device), output.past_key_values if keep_cache else None)
+
+
+def accepted_draft_lengths(greedy: torch.Tensor, answer_ids: torch.Tensor, answer_mask: torch.Tensor) -> torch.Tensor:
+    """How many leading gold tokens each row's greedy choices reproduce: the accepted part of the gold draft.
+
+    Args:
+        greedy: (B, A + 1) the arg-max of the teacher-forced logits; column
+            ``j`` is the model's greedy choice after the prompt and the first
+            ``j`` gold tokens.
+        answer_ids: (B, A) the right-padded gold answers.
+        answer_mask: (B, A) 1 on real answer tokens.
+
+    Returns:
+        (B,) int64 ``k``: the greedy choices equal the gold tokens at columns
+        ``0 .. k-1`` and not at column ``k`` (or the answer ends there).
+
+    >>> accepted_draft_lengths(torch.tensor([[5, 6, 9, 1]]), torch.tensor([[5, 6, 7]]), torch.ones(1, 3))
+    tensor([2])
+    """
+    agree = (greedy[:, : answer_ids.shape[1]] == answer_ids) & answer_mask.bool()  # (B, A)
+    return agree.long().cumprod(dim=1).sum(dim=1)  # (B,) leading agreements
+
+
+def _draft_decoding_inputs(scored: _ScoredBatch) -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
+    """Each row's accepted draft tokens, the logits right after them (B, V) and the mask of the cache (B, P + A).
+
+    The cache keeps every gold position; those beyond a row's accepted prefix
+    are masked out, so decoding attends to the prompt and the accepted tokens
+    only, and the next token's position is the count of unmasked ones.
+    """
+    greedy = scored.logits.argmax(dim=-1)  # (B, A + 1)
+    accepted = accepted_draft_lengths(greedy, scored.answer_ids, scored.answer_mask)  # (B,)
+    rows = torch.arange(greedy.shape[0], device=greedy.device)
+    after_draft = scored.logits[rows, accepted]  # (B, V): the logits after each row's accepted prefix
+    columns = torch.arange(scored.answer_ids.shape[1], device=greedy.device)  # (A,)
+    accepted_columns = (columns[None, :] < accepted[:, None]).long()  # (B, A)
+    mask = torch.cat([scored.prompt_mask, accepted_columns], dim=1)  # (B, P + A)
+    drafts = [ids[:k].tolist() for ids, k in zip(scored.answer_ids.cpu(), accepted.tolist())]
+    return drafts, after_draft, mask
+
+
+def _take_tokens(tokens: list[int], new: Sequence[int], tokenizer: PreTrainedTokenizerBase, stops: set[int], *,
+                 max_new_tokens: int, stop_at_answer_line: bool) -> bool:
+    """Append ``new`` to a row's ``tokens`` one at a time, as the decode loop would; False once the row is done.
+
+    A row is done at a stop token (not appended), at ``max_new_tokens``
+    tokens, or with ``stop_at_answer_line`` once its first answer line is
+    complete; tokens after that point are not appended.
+    """
+    for token in new:
+        if token in stops:
+            return False
+        tokens.append(token)
+        if len(tokens) >= max_new_tokens:
+            return False
+        if stop_at_answer_line and answer_line_complete(tokenizer.decode(tokens, skip_special_tokens=True)):
+            return False
+    return True
 
 
 @torch.inference_mode()
 def greedy_decode(model: nn.Module, tokenizer: PreTrainedTokenizerBase, first_logits: torch.Tensor, cache,
-                  prompt_mask: torch.Tensor, *, max_new_tokens: int, stop_at_answer_line: bool = True) -> list[str]:
+                  prompt_mask: torch.Tensor, *, max_new_tokens: int, stop_at_answer_line: bool = True,
+                  drafts: Sequence[list[int]] | None = None) -> list[str]:
     """Greedy continuation of a batch of prompts already in ``cache``; returns each row's decoded text.
 
     Args:
-        first_logits: (B, V) logits after each prompt (they choose the first token).
-        cache: the key-value cache holding exactly the left-padded prompts.
-        prompt_mask: (B, P) attention mask of the prompts (0 on left padding).
+        first_logits: (B, V) logits after each prompt (and its draft): they choose the next token.
+        cache: the key-value cache holding the left-padded prompts (and whatever ``prompt_mask`` masks out).
+        prompt_mask: (B, K) attention mask of what the cache holds: 1 on the tokens a row attends to.
+        drafts: tokens each row is known to produce greedily first (the accepted gold draft,
+            :func:`accepted_draft_lengths`), already in the cache and unmasked in ``prompt_mask``;
+            they pass the same stop checks as decoded tokens.
 
     Each row stops at the end-of-turn or end-of-sequence token (not part of
     its text), at ``max_new_tokens``, or with ``stop_at_answer_line`` once its
@@ -193,33 +272,45 @@ def greedy_decode(model: nn.Module, tokenizer: PreTrainedTokenizerBase, first_lo
     stops = set(stop_token_ids(tokenizer))
     rows = first_logits.shape[0]
     tokens: list[list[int]] = [[] for _ in range(rows)]
+    if max_new_tokens < 1:
+        return ["" for _ in range(rows)]
     active = torch.arange(rows)  # batch position -> original row
     mask = prompt_mask
     position = mask.sum(dim=1)  # (b,) the next token's position: real tokens so far
     logits = first_logits
-    for step in range(max_new_tokens):
+    pending = [list(d) for d in drafts] if drafts is not None else [[] for _ in range(rows)]
+    while True:
         chosen = logits.argmax(dim=-1)  # (b,)
         keep = []
         for i, (row, token) in enumerate(zip(active.tolist(), chosen.tolist())):
-            if token in stops:
-                continue
-            tokens[row].append(token)
-            text = tokenizer.decode(tokens[row], skip_special_tokens=True)
-            if stop_at_answer_line and answer_line_complete(text):
-                continue
-            keep.append(i)
-        if not keep or step == max_new_tokens - 1:
+            if _take_tokens(tokens[row], [*pending[row], token], tokenizer, stops, max_new_tokens=max_new_tokens,
+                            stop_at_answer_line=stop_at_answer_line):
+                keep.append(i)
+            pending[row] = []
+        if not keep:
             break
         if len(keep) < len(active):
             index = torch.tensor(keep, device=mask.device)
             cache.batch_select_indices(index)
             active, mask, position, chosen = active[keep], mask[index], position[index], chosen[index]
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)  # (b, P + step + 1)
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)  # (b, K + steps)
         output = model(input_ids=chosen[:, None], attention_mask=mask, position_ids=position[:, None],
                        past_key_values=cache, use_cache=True)
         logits = output.logits[:, -1].float()  # (b, V)
         position = position + 1
     return [tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens]
+
+
+def _answer_batch(model: nn.Module, tokenizer: PreTrainedTokenizerBase, scored: _ScoredBatch, *,
+                  max_new_tokens: int, gold_draft: bool) -> list[str]:
+    """The greedy answers of a scored batch (its cache kept): after the accepted gold draft, or from the prompt on."""
+    if gold_draft:
+        drafts, after_draft, mask = _draft_decoding_inputs(scored)
+        return greedy_decode(model, tokenizer, after_draft, scored.cache, mask, max_new_tokens=max_new_tokens,
+                             drafts=drafts)
+    scored.cache.crop(-scored.answer_ids.shape[1])  # type: ignore[attr-defined]  # back to the prompt
+    return greedy_decode(model, tokenizer, scored.logits[:, 0], scored.cache, scored.prompt_mask,
+                         max_new_tokens=max_new_tokens)
 
 
 def _length_order(lengths: Sequence[int]) -> list[int]:
@@ -256,7 +347,8 @@ def generate_answers(model: nn.Module, tokenizer: PreTrainedTokenizerBase, quest
 
 
 def evaluate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], *,
-             answered: int | None = None, batch_size: int = 16, max_new_tokens: int = 96) -> Evaluation:
+             answered: int | None = None, batch_size: int = 16, max_new_tokens: int = 96,
+             gold_draft: bool = True) -> Evaluation:
     """Answer-token loss of every problem in ``examples``, and greedy answers to the first ``answered`` of them.
 
     Accuracy: the share of answered problems whose generated answer ends with
@@ -264,7 +356,10 @@ def evaluate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, examples: Seq
     :func:`bsi.data.answers_match` with the gold ``####`` number). Loss: the
     cross-entropy of the gold answer tokens given the question, per problem
     and token-weighted over the set. ``answered`` None answers every problem.
-    The model is evaluated in eval mode and left in the mode it came in.
+    ``gold_draft``: decode only after the part of the gold answer the model
+    reproduces greedily (the module's docstring); False decodes every answer
+    token by token from the prompt on. The model is evaluated in eval mode
+    and left in the mode it came in.
     """
     answered = len(examples) if answered is None else min(answered, len(examples))
     pad = pad_id(tokenizer)
@@ -277,11 +372,12 @@ def evaluate(model: nn.Module, tokenizer: PreTrainedTokenizerBase, examples: Seq
             order = [group[i] for i in _length_order([len(prompts[j]) + len(golds[j]) for j in group])]
             for start in range(0, len(order), batch_size):
                 chunk = order[start : start + batch_size]
-                sums, counts, first, cache, mask = _score_batch(model, [prompts[i] for i in chunk],
-                                                                [golds[i] for i in chunk], pad, keep_cache=generate)
-                texts = greedy_decode(model, tokenizer, first, cache, mask, max_new_tokens=max_new_tokens) \
-                    if generate else [None] * len(chunk)
-                for i, loss_sum, count, text in zip(chunk, sums.tolist(), counts.tolist(), texts):
+                scored = _score_batch(model, [prompts[i] for i in chunk], [golds[i] for i in chunk], pad,
+                                      keep_cache=generate)
+                texts: list[str] | list[None] = _answer_batch(
+                    model, tokenizer, scored, max_new_tokens=max_new_tokens, gold_draft=gold_draft
+                ) if generate else [None] * len(chunk)
+                for i, loss_sum, count, text in zip(chunk, scored.loss_sums.tolist(), scored.counts.tolist(), texts):
                     correct = None if text is None else \
                         answers_match(extract_answer(text), extract_answer(examples[i].answer) or "")
                     outcomes[i] = ProblemOutcome(loss_sum, int(count), correct, text)
