@@ -190,14 +190,13 @@ def bench_evaluate(model, tokenizer, task, config, problems: int, repeats: int, 
         return run
 
     size = config.eval_batch_size
-    base = f"batch {size} decode loop"
-    variants = {base: variant(base, size, draft=False), f"batch {size} gold draft": variant(f"batch {size} gold draft", size)}
+    base, draft = f"batch {size} decode loop", f"batch {size} gold draft"
+    variants = {base: variant(base, size, draft=False), draft: variant(draft, size)}
     for other in batch_sizes:
         if other != size:
             variants[f"batch {other} gold draft"] = variant(f"batch {other} gold draft", other)
-    variants[f"batch {size} decode loop bf16"] = variant(f"batch {size} decode loop bf16", size, bf16=True, draft=False)
-    variants[f"batch {size} decode loop bf16 weights"] = variant(f"batch {size} decode loop bf16 weights", size,
-                                                                 draft=False, net=half)
+    variants[f"{base} bf16"] = variant(f"{base} bf16", size, bf16=True, draft=False)
+    variants[f"{base} bf16 weights"] = variant(f"{base} bf16 weights", size, draft=False, net=half)
     print("[speed] evaluation ...", file=sys.stderr, flush=True)
     timings = interleave(variants, repeats)
     reference = results[base]

@@ -223,8 +223,14 @@ class DecodeSpeed:
 
     @property
     def speedup(self) -> float:
-        """The dense model's ms per token / this model's (above 1: faster)."""
-        return self.dense_ms_per_token / self.ms_per_token
+        """The dense model's ms per token / this model's (above 1: faster).
+
+        NaN when this model's ms per token is 0: on a loaded machine the
+        timing of one more token can fall below the noise
+        (:func:`bsi.analysis.speed.measure_speeds` clamps it at 0), and a
+        ratio to it says nothing.
+        """
+        return self.dense_ms_per_token / self.ms_per_token if self.ms_per_token > 0 else float("nan")
 
 
 #: The keys of a ``results.jsonl`` line that :class:`StudyRow` names (the rest are kept in ``extra``).
@@ -345,7 +351,7 @@ class StudyRow:
             run = MethodRun(**{key: data[key] for key in _RUN_KEYS if key in data and key != "notes"},
                             notes=tuple(data.get("notes") or ()))
         speed = None
-        if data.get("ms_per_token") and data.get("dense_ms_per_token"):
+        if data.get("ms_per_token") is not None and data.get("dense_ms_per_token") is not None:
             speed = DecodeSpeed(data["ms_per_token"], data["dense_ms_per_token"])
         named = {"method", "target", "seed", "params_total", "protocol", *_METRIC_KEYS, *_OPTIONAL_KEYS,
                  *(_RUN_KEYS if run else ()), *(_SPEED_KEYS if speed else ())}

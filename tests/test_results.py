@@ -78,6 +78,16 @@ def test_a_shipped_sweeps_rows_read_typed_and_write_back_unchanged(sweep):
     assert all(r.is_text == (sweep == "text") for r in rows)
 
 
+def test_a_decode_time_below_the_noise_gives_no_speedup_instead_of_a_crash():
+    """On a loaded machine one more token can time at 0 ms (clamped): the row is still written, its ratio NaN."""
+    line = {"method": "bsi", "target": 0.5, "params_total": 10, "accuracy": 0.5, "loss": 1.0, "examples": 4,
+            "recover_steps": 0, "ms_per_token": 0.0, "dense_ms_per_token": 3.0, "speedup": 0.0}
+    row = StudyRow.from_dict(line)
+    assert math.isnan(row.speed.speedup)
+    written = json.loads(json.dumps(row.to_dict()))
+    assert written["ms_per_token"] == 0.0 and math.isnan(written["speedup"])
+
+
 def test_a_study_row_keeps_unknown_keys_and_leaves_out_what_it_was_not_given():
     line = {"method": "bsi", "target": 0.5, "params_total": 10, "accuracy": 0.5, "loss": 1.0, "examples": 4,
             "recover_steps": 0, "ms_per_token": 2.0, "dense_ms_per_token": 3.0, "speedup": 1.5, "later_key": [1]}

@@ -1,5 +1,6 @@
-"""bench/stage_profile.py and bench/speed.py: every stage profiled, the length-sorted batches hold the same examples,
-and the evaluation section compares the decode loop with the gold draft."""
+"""bench/stage_profile.py, bench/run_profile.py and bench/speed.py: every stage profiled, every part of a recorded
+run counted inside its parent, the length-sorted batches hold the same examples, and the evaluation section compares
+the decode loop with the gold draft."""
 
 from __future__ import annotations
 
