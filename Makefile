@@ -21,8 +21,8 @@ PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= runs/default
 # the test suite's worker processes: 1 runs it in this process, one test after another (the default, what CI
 # runs); 2 or more use pytest-xdist, each test file on one worker, each test on one thread (tests/conftest.py):
-# about 1.8x faster on 2 cores, but under that load the tests that start their own processes (a Ctrl-C that must
-# land mid-run, a two-process torchrun) have failed there now and then (docs/log.md, 2026-11-28)
+# about 1.7x faster on 2 cores; it found a crash under load that one process did not (docs/log.md, 2026-11-28),
+# and stays opt-in until more runs say it is as reliable as one process
 TEST_WORKERS ?= 1
 PYTEST := $(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
