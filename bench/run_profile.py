@@ -71,14 +71,19 @@ def read_raw(path: Path) -> list[tuple[list[str], int]]:
     return stacks
 
 
+def parents(label: str) -> list[str]:
+    """The labels ``label`` is part of, innermost first (empty for a part of the whole run)."""
+    of = {lbl: parent for lbl, _, _, parent in PARTS}
+    chain: list[str] = []
+    while (label := of[label]) is not None:
+        chain.append(label)
+    return chain
+
+
 def through(label: str) -> list[str]:
     """The functions a sample's stack must pass through to count for ``label``: its own and its parents'."""
-    spec = {lbl: (function, parent) for lbl, function, _, parent in PARTS}
-    functions: list[str] = []
-    while label is not None:
-        function, label = spec[label]
-        functions += [function] if function else []
-    return functions
+    function_of_part = {lbl: function for lbl, function, _, _ in PARTS}
+    return [f for f in (function_of_part[lbl] for lbl in [label, *parents(label)]) if f]
 
 
 def shares(stacks: list[tuple[list[str], int]], rate: int) -> dict:
@@ -89,7 +94,8 @@ def shares(stacks: list[tuple[list[str], int]], rate: int) -> dict:
         needed = through(label)
         samples = sum(count for frames, count in stacks
                       if all(f in frames for f in needed) and (outside is None or outside not in frames))
-        parts[label] = {"function": function, "outside": outside, "part_of": parent, "samples": samples,
+        parts[label] = {"function": function, "outside": outside, "part_of": parent, "depth": len(parents(label)),
+                        "samples": samples,
                         "seconds": samples / rate, "share": samples / total if total else 0.0}
     inclusive: collections.Counter[str] = collections.Counter()
     for frames, count in stacks:
@@ -105,16 +111,9 @@ def table(result: dict) -> str:
              f"wall {result.get('wall_s', float('nan')):.0f} s", "",
              "| part | seconds | share of the run |", "|---|---|---|"]
     for label, part in result["parts"].items():
-        indent = "&nbsp;&nbsp;" * _depth(result["parts"], label)
+        indent = "&nbsp;&nbsp;" * part["depth"]
         lines.append(f"| {indent}{label} | {part['seconds']:.0f} | {part['share']:.1%} |")
     return "\n".join(lines)
-
-
-def _depth(parts: dict, label: str) -> int:
-    depth, parent = 0, parts[label]["part_of"]
-    while parent is not None:
-        depth, parent = depth + 1, parts[parent]["part_of"]
-    return depth
 
 
 def main(argv: list[str] | None = None) -> None:

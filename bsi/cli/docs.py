@@ -47,6 +47,10 @@ The generators (:data:`GENERATORS`):
   seeds (the run-to-run interval), from its ``stats.json``.
 * ``sweep-log-rounds NAME ROUND ...``: the mean tuning loss of the named
   rounds in each ``sweep-<label>.log`` shipped with a sweep.
+* ``run-profiles NAME ...``: where whole ``bsi compress`` runs spent their
+  time, one column per ``data/speed/NAME.json`` from ``bench/run_profile.py``.
+* ``speed-evaluation NAME ...``: the evaluation's variants (decode loop,
+  gold draft, bf16) timed by ``bench/speed.py``, from ``data/speed/NAME.json``.
 
 Only ``defaults``, ``preset-costs`` and ``sweeps-side-by-side`` import torch
 (through :mod:`bsi.teaching`, :mod:`bsi.progress` and the statistics of
@@ -600,9 +604,7 @@ def run_profiles(*names: str) -> str:
     rows = ["| part of the run | " + " | ".join(f"`{name}`: seconds (share)" for name in names) + " |",
             "|---|" + "---|" * len(names)]
     for label in parts:
-        depth, parent = 0, profiles[0]["parts"][label]["part_of"]
-        while parent is not None:
-            depth, parent = depth + 1, profiles[0]["parts"][parent]["part_of"]
+        depth = profiles[0]["parts"][label].get("depth", 0)
         cells = [f"{p['parts'][label]['seconds']:.0f} ({p['parts'][label]['share']:.1%})" if label in p["parts"]
                  else "-" for p in profiles]
         rows.append(f"| {'&nbsp;' * 4 * depth}{label} | " + " | ".join(cells) + " |")
