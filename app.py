@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,6 +59,9 @@ def main(argv=None) -> None:
     demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share,
                         max_file_size=MAX_UPLOAD_BYTES, quiet=True, prevent_thread_lock=True)
     print("\n".join(startup_lines(demo.local_url, demo.share_url)), flush=True)
+    # a service manager's stop (SIGTERM) ends it as Ctrl-C does: the server closes and, as Python exits, the
+    # app's temporary files go (bsi.app.layout.build_app)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     demo.block_thread()  # until Ctrl-C
 
 

@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from common import machine
 
+from bsi.files import atomic_write_text
+
 #: (label, the function a sample's stack passes through, a function it must not pass through, the label it is
 #: part of or None): the run's parts. Both evaluations run ``Pipeline.evaluate_stage``; the dense one inside
 #: ``Pipeline.reference_stage``.
@@ -126,24 +128,23 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     raw = Path(args.raw) if args.raw else None
     result: dict = {"preset": args.preset, "rate": args.rate, "date": time.strftime("%Y-%m-%d"), "machine": machine()}
-    if raw is None or not raw.exists():
-        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-        if not Path(spy).exists():
-            raise SystemExit("run_profile: py-spy is not installed: pip install py-spy")
-        work = Path(tempfile.mkdtemp(prefix="bsi-run-profile."))
-        raw = raw or work / "profile.raw"
-        command = [spy, "record", "--nonblocking", "--rate", str(args.rate), "--format", "raw", "-o", str(raw), "--",
-                   sys.executable, "-m", "bsi", "compress", "--preset", args.preset, "--out", str(work / "run"),
-                   *args.flags]
-        started = time.perf_counter()
-        subprocess.run(command, check=True)
-        result["wall_s"] = time.perf_counter() - started
-        result["command"] = f"bsi compress --preset {args.preset} {' '.join(args.flags)}".strip()
-    result |= shares(read_raw(raw), args.rate)
+    with tempfile.TemporaryDirectory(prefix="bsi-run-profile.") as scratch:  # the run's folder, removed at the end
+        if raw is None or not raw.exists():
+            spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+            if not Path(spy).exists():
+                raise SystemExit("run_profile: py-spy is not installed: pip install py-spy")
+            raw = raw or Path(scratch) / "profile.raw"
+            command = [spy, "record", "--nonblocking", "--rate", str(args.rate), "--format", "raw", "-o", str(raw),
+                       "--", sys.executable, "-m", "bsi", "compress", "--preset", args.preset,
+                       "--out", str(Path(scratch) / "run"), *args.flags]
+            started = time.perf_counter()
+            subprocess.run(command, check=True)
+            result["wall_s"] = time.perf_counter() - started
+            result["command"] = f"bsi compress --preset {args.preset} {' '.join(args.flags)}".strip()
+        result |= shares(read_raw(raw), args.rate)
     print(table(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-
+        atomic_write_text(args.json, json.dumps(result, indent=1) + "\n")  # parts in the run's order, not sorted
 
 if __name__ == "__main__":
     main()

@@ -54,22 +54,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def finished():
+def finished(tmp_path_factory):
     """One smoke run through the job generator, shared by the tests that read its results."""
-    import tempfile
-
-    cache = tempfile.mkdtemp(prefix="bsi-app-cache-")
-    old = os.environ.get("BSI_CACHE")
-    os.environ["BSI_CACHE"] = cache
     torch.set_num_threads(1)
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("BSI_CACHE", str(tmp_path_factory.mktemp("app-cache")))
         session, board = Session(), JobBoard()
         views = list(run_job(board, session, Form.for_preset("smoke"), min_interval=0))
-    finally:
-        if old is None:
-            os.environ.pop("BSI_CACHE")
-        else:
-            os.environ["BSI_CACHE"] = old
     return session, board, views
 
 
@@ -319,14 +310,30 @@ def test_inspect_rows_read_the_scores_terms(finished, tmp_path):
     statuses = [r["status"] for r in rows]
     assert statuses.count("pruned") == layer.pruned.numel() == layer.rank_before - layer.rank_after
     assert statuses.count("protected") == layer.rank_before - layer.pool.numel() > 0
-    text, fig, table, path = inspect.view(session.rounds, 1, layer.name)
+    text, fig, table, path = inspect.view(session.rounds, 1, layer.name, tmp_path)
     assert layer.name in text and len(table["data"]) == len(rows) and isinstance(fig, go.Figure)
     assert table["headers"][-2:] == ["importance", "status"]
     shown = [v for row in table["data"] for v in row if isinstance(v, float) and v != 0]
     assert all(v == significant(v) for v in shown)  # four significant figures in the table
     parsed = list(csv.DictReader(io.StringIO(open(path).read())))
     assert len(parsed) == len(rows) and float(parsed[3]["sigma"]) == pytest.approx(rows[3]["sigma"], rel=1e-12)
-    assert inspect.view(session.rounds, 9, layer.name)[2]["data"] == []
+    assert inspect.view(session.rounds, 9, layer.name, tmp_path)[2]["data"] == []
+    again = inspect.view(session.rounds, 1, layer.name, tmp_path)[3]
+    assert again != path and Path(again).name == Path(path).name  # each view its own file, under one readable name
+    assert open(again).read() == open(path).read()
+
+
+def test_the_apps_csv_downloads_go_under_one_folder_removed_with_the_app(tmp_path, monkeypatch):
+    """Inspect writes its CSV files under the app's own folder (not a new temporary folder per view), and
+    the folder goes with the app."""
+    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
+    from bsi.app import build_app
+
+    demo = build_app(preset="smoke")
+    folder = Path(demo.csv_folder)
+    assert folder.is_dir() and list(folder.rglob("*.csv"))  # the opening view of the run shipped in data/
+    demo.remove_files()
+    assert not folder.exists()
 
 
 def test_inspect_columns_follow_the_score():
@@ -572,7 +579,10 @@ def _free_port() -> int:
 def test_app_py_names_its_own_share_switch(tmp_path):
     assert "--share" in startup_lines("http://127.0.0.1:7860")[1]
     assert "https://x.gradio.live" in startup_lines("http://127.0.0.1:7860", "https://x.gradio.live")[1]
-    env = {**os.environ, "BSI_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    scratch = tmp_path / "tmp"  # the app's temporary folder (TMPDIR), to see what it leaves behind
+    scratch.mkdir()
+    env = {**os.environ, "BSI_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(scratch)}
     app = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--preset", "smoke", "--port", str(_free_port())],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
     try:
@@ -583,9 +593,12 @@ def test_app_py_names_its_own_share_switch(tmp_path):
             if not line:
                 break
             lines.append(line)
+        assert list(scratch.glob("bsi-inspect-*/csv-*/*.csv"))  # the opening Inspect view of the shipped run
     finally:
-        app.terminate()
-        app.wait(timeout=30)
+        app.terminate()  # SIGTERM, as a service manager stops it
+        code = app.wait(timeout=30)
     text = "".join(lines)
     assert "live compression studio on http://127.0.0.1:" in text and "--share" in text, text
     assert "share=True" not in text
+    assert code == 0, text + app.stdout.read()
+    assert not list(scratch.glob("bsi-inspect-*")), "the Inspect tab's CSV folder outlived the app"

@@ -82,10 +82,15 @@ def rows_to_csv(rows: Sequence[dict]) -> str:
     return buffer.getvalue()
 
 
-def write_csv(rows: Sequence[dict], round_index: int, name: str, folder: str | Path | None = None) -> Path:
-    """Write the rows to a new CSV file (in a fresh temporary folder by default) and return its path."""
-    folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="bsi-inspect-"))
-    path = folder / f"round{round_index}-{name.replace('.', '_')}.csv"
+def write_csv(rows: Sequence[dict], round_index: int, name: str, folder: str | Path) -> Path:
+    """Write the rows to a CSV file in a new subfolder of ``folder`` and return its path.
+
+    Each call gets its own subfolder, so two visitors looking at the same layer
+    of different runs never overwrite each other's file, and the download keeps
+    a readable name (``round4-model_layers_0_self_attn_q_proj.csv``).
+    """
+    own = Path(tempfile.mkdtemp(prefix="csv-", dir=folder))
+    path = own / f"round{round_index}-{name.replace('.', '_')}.csv"
     path.write_text(rows_to_csv(rows), encoding="utf-8")
     return path
 
@@ -97,13 +102,13 @@ def table(rows: Sequence[dict]) -> dict:
     return {"headers": headers, "data": data}
 
 
-def view(rounds: Sequence[RoundReport], round_index: int | None, name: str | None):
-    """(summary, figure, table, csv path or None) for the chosen round and layer."""
+def view(rounds: Sequence[RoundReport], round_index: int | None, name: str | None, folder: str | Path):
+    """(summary, figure, table, csv path or None) for the chosen round and layer; the CSV goes under ``folder``."""
     from bsi.analysis import figures
 
     layer = find_layer(rounds, round_index, name)
     rows = basis_rows(layer) if layer is not None else []
-    path = str(write_csv(rows, int(round_index), str(name))) if layer is not None else None
+    path = str(write_csv(rows, int(round_index), str(name), folder)) if layer is not None else None
     return layer_summary(layer), figures.basis_figure(rows), table(rows), path
 
 
@@ -172,10 +177,12 @@ def opening(rounds: Sequence[RoundReport]) -> tuple[list[int], int | None, list[
     return [r.round for r in rounds], rounds[-1].round, layers, layers[0]
 
 
-def render(session_state, rounds: Sequence[RoundReport] = ()):
+def render(session_state, csv_folder: str | Path, rounds: Sequence[RoundReport] = ()):
     """Lay out the Inspect tab; returns its (round, layer) dropdowns for the Compress job to fill.
 
-    ``rounds`` (a saved run's) fill the tab before any click.
+    ``rounds`` (a saved run's) fill the tab before any click. The CSV
+    downloads are written under ``csv_folder``, which the caller owns and
+    removes (:func:`bsi.app.layout.build_app` removes it with the app).
     """
     import gradio as gr
 
@@ -186,7 +193,7 @@ def render(session_state, rounds: Sequence[RoundReport] = ()):
                 "removed. Click a column header to sort; the CSV has full precision. The scores are explained in "
                 "`docs/method.md` (section 3).")
     round_ids, first_round, layer_names, first_layer = opening(rounds)
-    text, fig, values, path = view(rounds, first_round, first_layer)
+    text, fig, values, path = view(rounds, first_round, first_layer, csv_folder)
     with gr.Row():
         round_choice = gr.Dropdown(round_ids, value=first_round, label="Round", elem_id="inspect-round",
                                    interactive=True)
@@ -200,7 +207,7 @@ def render(session_state, rounds: Sequence[RoundReport] = ()):
                          datatype=["str" if header == "status" else "number" for header in values["headers"]])
 
     def on_choose(session, round_index, name):
-        text, fig, values, path = view(session.rounds, round_index, name)
+        text, fig, values, path = view(session.rounds, round_index, name, csv_folder)
         datatype = ["str" if header == "status" else "number" for header in values["headers"]]
         return text, fig, gr.update(value=values, datatype=datatype), path
 

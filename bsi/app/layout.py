@@ -13,6 +13,9 @@ its models. Nothing here runs at import; ``app.py`` launches the result.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import weakref
 
 from bsi.app import answers, chat, compare, compress, guide, inspect, spectra
 from bsi.app.form import Form
@@ -54,6 +57,7 @@ def build_app(preset: str = "tour", sweep_dir: str | None = None, run_dir: str |
 
     board = board or JobBoard()
     visitors = Visitors()
+    csv_folder = tempfile.mkdtemp(prefix="bsi-inspect-")  # the Inspect tab's CSV downloads, removed with the app
     defaults = Form.for_preset(preset)
     shipped_plots, shipped_answers, shipped_sweep = opening_folders()  # data/ ("" where this checkout has none)
     answers_dir = shipped_answers if run_dir is None else run_dir
@@ -75,7 +79,7 @@ def build_app(preset: str = "tour", sweep_dir: str | None = None, run_dir: str |
             with gr.Tab("Compress", id="compress"):
                 tab = compress.render(board, session_state, defaults, visitors, opening_view(saved, error))
             with gr.Tab("Inspect", id="inspect"):
-                tab.connect(*inspect.render(session_state, saved.rounds if saved else ()))
+                tab.connect(*inspect.render(session_state, csv_folder, saved.rounds if saved else ()))
             with gr.Tab("Spectra", id="spectra"):
                 spectra.render(session_state, tab.form, visitors, opening_spectrum)
             with gr.Tab("Chat", id="chat") as chat_tab:
@@ -97,6 +101,10 @@ def build_app(preset: str = "tour", sweep_dir: str | None = None, run_dir: str |
             visitors.leave(request.session_hash)
 
         demo.unload(on_unload)
+    # the CSV folder goes when the app is garbage-collected or the process exits (weakref.finalize runs at exit);
+    # demo.remove_files() removes it at once
+    demo.remove_files = weakref.finalize(demo, shutil.rmtree, csv_folder, ignore_errors=True)
+    demo.csv_folder = csv_folder
     demo.board = board  # for tests and for app.py's status line
     demo.visitors = visitors
     return demo

@@ -64,7 +64,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                      "calibration_batches": 4},
         "recover": {"steps": 8, "lr": 2e-5, "warmup_steps": 1},
     },
-    # The quick demo: 1.31x at 75% against 84% in 4 min 7 s, fine-tune cached.
+    # The quick demo: 1.31x at 75% against 84% in 3 min 25 s, fine-tune cached (2 cores, 2026-11-28).
     "demo": {
         **_EMBEDDED_CPU,
         "compress": {"rounds": 4, "iters_per_epoch": 32, "target_ratio": 0.7},
@@ -154,7 +154,7 @@ class PresetCost:
     source: str | None = None
 
     def time_text(self) -> str:
-        """``8 min 58 s with the fine-tune cached, 11 min 42 s with an empty cache (bsi compress, 2 cores, 2026-11-28)``."""
+        """``8 min 58 s with the fine-tune cached, 11 min 4 s with an empty cache (bsi compress, 2 cores, 2026-11-28)``."""
         parts = [f"{duration(self.cached_seconds)} with the fine-tune cached" if self.cached_seconds else None,
                  f"{duration(self.uncached_seconds)} with an empty cache" if self.uncached_seconds else None]
         shown = ", ".join(p for p in parts if p)

@@ -75,7 +75,8 @@ print(f"preset '{settings.sweep_preset}': engine {config.compress.rounds} rounds
       f"iterations, {config.compress.aux_rank} auxiliary vectors a layer; every method {config.recover.steps} "
       f"recovery steps at lr {config.recover.lr:g}")
 
-folder = Path(tempfile.mkdtemp(prefix="bsi-notebook-05-"))  # the sweep's files: results, stats, outcomes
+scratch = tempfile.TemporaryDirectory(prefix="bsi-notebook-05-")  # removed when the kernel stops
+folder = Path(scratch.name)  # the sweep's files: results, stats, outcomes
 for report in Sweep(config, grid, folder).run():
     if isinstance(report, (CellReport, LearningRateReport)):
         print(describe(report))
@@ -383,7 +384,7 @@ display(Markdown("\n".join(said)))
 # ```python
 # from dataclasses import replace
 #
-# paper_folder = Path(tempfile.mkdtemp(prefix="bsi-notebook-05-paper-"))
+# paper_folder = Path(scratch.name) / "paper"
 # for report in Sweep(config, replace(grid, methods=("bsi",), protocols=("paper",)), paper_folder).run():
 #     if isinstance(report, CellReport):
 #         print(describe(report))
