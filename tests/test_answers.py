@@ -295,7 +295,7 @@ def test_every_preset_states_its_measured_cost_or_none():
         measured = [s for s in (cost.cached_seconds, cost.uncached_seconds) if s is not None]
         assert all(s > 0 for s in measured) and (cost.measured is not None) == bool(measured)
         assert (cost.time_text() == "not measured") == (not measured)
-    assert PRESET_COSTS["default"].time_text().startswith("8 min 58 s with the fine-tune cached, 11 min 42 s")
+    assert PRESET_COSTS["default"].time_text().startswith("8 min 58 s with the fine-tune cached, 11 min 4 s")
 
 
 def test_the_answers_module_needs_no_torch():
