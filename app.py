@@ -58,10 +58,11 @@ def main(argv=None) -> None:
     # quiet: Gradio's own lines would suggest `share=True in launch()`; the app's switch is --share
     demo.queue().launch(server_name=args.host, server_port=args.port, share=args.share,
                         max_file_size=MAX_UPLOAD_BYTES, quiet=True, prevent_thread_lock=True)
-    print("\n".join(startup_lines(demo.local_url, demo.share_url)), flush=True)
     # a service manager's stop (SIGTERM) ends it as Ctrl-C does: the server closes and, as Python exits, the
-    # app's temporary files go (bsi.app.layout.build_app)
+    # app's temporary files go (bsi.app.layout.build_app); set before the address is printed, which is when a
+    # caller may start to stop it
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    print("\n".join(startup_lines(demo.local_url, demo.share_url)), flush=True)
     demo.block_thread()  # until Ctrl-C
 
 

@@ -146,5 +146,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         atomic_write_text(args.json, json.dumps(result, indent=1) + "\n")  # parts in the run's order, not sorted
 
+
 if __name__ == "__main__":
     main()
