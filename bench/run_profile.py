@@ -73,19 +73,22 @@ def read_raw(path: Path) -> list[tuple[list[str], int]]:
     return stacks
 
 
+#: each part's parent label and its own function, from :data:`PARTS`
+PART_OF = {lbl: parent for lbl, _, _, parent in PARTS}
+FUNCTION_OF_PART = {lbl: function for lbl, function, _, _ in PARTS}
+
+
 def parents(label: str) -> list[str]:
     """The labels ``label`` is part of, innermost first (empty for a part of the whole run)."""
-    of = {lbl: parent for lbl, _, _, parent in PARTS}
     chain: list[str] = []
-    while (label := of[label]) is not None:
+    while (label := PART_OF[label]) is not None:
         chain.append(label)
     return chain
 
 
 def through(label: str) -> list[str]:
     """The functions a sample's stack must pass through to count for ``label``: its own and its parents'."""
-    function_of_part = {lbl: function for lbl, function, _, _ in PARTS}
-    return [f for f in (function_of_part[lbl] for lbl in [label, *parents(label)]) if f]
+    return [f for f in (FUNCTION_OF_PART[lbl] for lbl in [label, *parents(label)]) if f]
 
 
 def shares(stacks: list[tuple[list[str], int]], rate: int) -> dict:
