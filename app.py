@@ -62,8 +62,11 @@ def main(argv=None) -> None:
     # app's temporary files go (bsi.app.layout.build_app); set before the address is printed, which is when a
     # caller may start to stop it
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    print("\n".join(startup_lines(demo.local_url, demo.share_url)), flush=True)
-    demo.block_thread()  # until Ctrl-C
+    try:
+        print("\n".join(startup_lines(demo.local_url, demo.share_url)), flush=True)
+        demo.block_thread()  # until Ctrl-C; it closes the server itself
+    except KeyboardInterrupt:  # a stop that came while the address was still being printed
+        demo.close()
 
 
 if __name__ == "__main__":

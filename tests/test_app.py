@@ -576,6 +576,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_a_stop_while_the_address_prints_closes_the_app_without_a_traceback(tmp_path, monkeypatch):
+    """SIGTERM (taken as Ctrl-C) can land inside the print that shows the address, before the server loop runs.
+
+    Two test workers on two cores made it happen (the app exited 1 with a
+    traceback); here the interrupt is raised from the address lines
+    themselves, so the moment is always the same.
+    """
+    import signal
+
+    from conftest import load_script
+
+    import bsi.app.layout
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("BSI_CACHE", str(tmp_path))
+    monkeypatch.setattr(bsi.app.layout, "startup_lines", interrupted)
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # the app's SIGTERM handler stays out of pytest
+    port = _free_port()
+    try:
+        load_script(ROOT / "app.py", "bsi_app_script").main(["--preset", "smoke", "--port", str(port), "--run-dir", ""])
+    except KeyboardInterrupt:  # caught here: escaping, it would stop the whole test session
+        pytest.fail("app.py let a stop during its address lines escape as a KeyboardInterrupt traceback")
+    with socket.socket() as s:  # returned normally, and the server let its port go
+        s.bind(("127.0.0.1", port))
+
+
 def test_app_py_names_its_own_share_switch(tmp_path):
     assert "--share" in startup_lines("http://127.0.0.1:7860")[1]
     assert "https://x.gradio.live" in startup_lines("http://127.0.0.1:7860", "https://x.gradio.live")[1]
