@@ -70,19 +70,17 @@ SESSION_THREADS = torch.get_num_threads()
 
 
 @pytest.fixture(autouse=True)
-def _few_threads(request):
-    """Two cores on CI: each test on one thread, so that parallel work does not thrash; the real models on all.
+def _threads_per_test():
+    """One process: every test on all the cores; pytest-xdist workers: one thread each, so that they do not thrash.
 
-    Tiny models run no faster on two threads (their products are too small
-    to share). The real embedded model's tests (marked ``slow``) are the
-    exception in a one-process run: on both cores they take 81 s instead of
-    112 s (2026-11-28). Under pytest-xdist each worker keeps one thread.
-    Several fixtures set one thread for a whole file, so the count is set
-    here for every test rather than inherited.
+    On 2 cores the one-process suite took 10 min 48 s with every test on
+    one thread and 9 min 41 s on both (2026-11-28; the real embedded model's
+    test 64 s -> 43 s, the sweeps 49 s -> 37 s; docs/log.md). Several
+    fixtures set one thread for a whole file, so the count is set here for
+    every test rather than inherited.
     """
     threads = torch.get_num_threads()
-    both_cores = request.node.get_closest_marker("slow") and not os.environ.get("PYTEST_XDIST_WORKER")
-    torch.set_num_threads(SESSION_THREADS if both_cores else 1)
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else SESSION_THREADS)
     yield
     torch.set_num_threads(threads)
 

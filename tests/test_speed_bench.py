@@ -1,6 +1,6 @@
-"""bench/stage_profile.py, bench/run_profile.py and bench/speed.py: every stage profiled, every part of a recorded
-run counted inside its parent, the length-sorted batches hold the same examples, and the evaluation section compares
-the decode loop with the gold draft."""
+"""bench/stage_profile.py, bench/run_profile.py, bench/speed.py and bench/test_durations.py: every stage profiled,
+every part of a recorded run counted inside its parent, the length-sorted batches hold the same examples, the
+evaluation section compares the decode loop with the gold draft, and pytest's durations are read back whole."""
 
 from __future__ import annotations
 
@@ -97,3 +97,32 @@ def test_run_profile_counts_each_part_inside_its_parent_only(tmp_path, capsys):
     assert parts["outside the pipeline (start, imports, summary)"]["samples"] == 10
     assert parts["both evaluations' decode steps"]["seconds"] == pytest.approx(2.0)
     assert "| &nbsp;&nbsp;tuning steps | 6 | 60.0% |" in capsys.readouterr().out
+
+
+def test_test_durations_reads_every_phase_of_every_test_and_sums_them_by_file(tmp_path, capsys):
+    """A pytest output with a parametrized id holding spaces, three phases of one test and the summary line."""
+    durations = load("test_durations")
+    output = tmp_path / "pytest.txt"
+    output.write_text("\n".join([
+        "....s.                                      [100%]",
+        "============================= slowest durations ==============================",
+        "12.50s call     tests/test_a.py::test_one[close the client]",
+        "2.00s setup    tests/test_a.py::test_one[close the client]",
+        "0.25s teardown tests/test_a.py::test_one[close the client]",
+        "3.10s call     tests/test_b.py::test_two",
+        "(12 durations < 0.005s hidden.  Use -vv to show these durations.)",
+        "5 passed, 1 skipped, 3 warnings in 20.75s (0:00:20)",
+    ]) + "\n")
+    assert durations.main(["--read", str(output), "--out", str(tmp_path / "d.json"), "--label", "a label"]) == 0
+    record = json.loads((tmp_path / "d.json").read_text())
+    assert record["wall_s"] == 20.75 and record["summary"] == "5 passed, 1 skipped, 3 warnings"
+    assert record["tests"]["tests/test_a.py::test_one[close the client]"] == {"call": 12.5, "setup": 2.0,
+                                                                            "teardown": 0.25}
+    assert record["files"] == {"tests/test_a.py": 14.75, "tests/test_b.py": 3.1}  # longest first
+    assert list(record["files"]) == ["tests/test_a.py", "tests/test_b.py"] and record["seconds_in_tests"] == 17.85
+    assert record["label"] == "a label" and record["workers"] == 1
+    assert "| tests/test_a.py | 14.8 |" in capsys.readouterr().out
+    output.write_text("no summary here\n")
+    with pytest.raises(SystemExit, match="no pytest summary line"):
+        durations.main(["--read", str(output), "--out", str(tmp_path / "e.json")])
+    assert not (tmp_path / "e.json").exists()

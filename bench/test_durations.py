@@ -1,0 +1,105 @@
+"""Where the test suite's minutes go: every test's setup, call and teardown time, by test and by file, kept as data.
+
+    python bench/test_durations.py --out data/speed/test-durations.json             # one process, as CI runs it
+    python bench/test_durations.py --workers 2 --out runs/two-workers.json          # two pytest-xdist workers
+    python bench/test_durations.py --read runs/pytest.txt --out runs/durations.json # only read a pytest output
+
+It runs pytest as ``make test`` does (``-n N --dist loadfile`` for N > 1)
+with ``--durations=0`` (``--raw FILE`` keeps its whole output) and writes
+what pytest measured: the wall time it printed, its summary line,
+each test's phases, and each file's sum. The sums are the work the tests
+did; on one process they add up to the wall time less pytest's own start
+and collection, on several workers they exceed it (the workers share it).
+Run it with nothing else running: two torch processes on two cores slow
+each other 5-10x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
+from common import machine
+
+from bsi.files import atomic_write_text
+
+ROOT = Path(__file__).resolve().parents[1]
+#: one line of pytest's --durations report: "12.34s call     tests/test_x.py::test_y[a b]"
+DURATION = re.compile(r"^(?P<seconds>\d+(?:\.\d+)?)s (?P<phase>setup|call|teardown)\s+(?P<test>\S.*)$")
+#: pytest's last line: "1127 passed, 9 skipped, 3 warnings in 648.94s (0:10:48)"
+SUMMARY = re.compile(r"^=*\s*(?P<counts>\d+ \w+.*?) in (?P<seconds>\d+(?:\.\d+)?)s")
+
+
+def read_durations(text: str) -> dict[str, object]:
+    """pytest's output -> its wall time, summary, per-test phases and per-file sums (seconds, 2 decimals)."""
+    tests: dict[str, dict[str, float]] = collections.defaultdict(dict)
+    wall, counts = None, None
+    for line in text.splitlines():
+        found = DURATION.match(line.strip())
+        if found:
+            tests[found["test"]][found["phase"]] = float(found["seconds"])
+            continue
+        summary = SUMMARY.match(line.strip())
+        if summary:
+            wall, counts = float(summary["seconds"]), summary["counts"]
+    if wall is None:
+        raise SystemExit("test_durations: no pytest summary line ('N passed ... in S s') in the output")
+    files: dict[str, float] = collections.Counter()
+    for test, phases in tests.items():
+        files[test.split("::", 1)[0]] += sum(phases.values())
+    return {
+        "wall_s": wall,
+        "summary": counts,
+        "tests_timed": len(tests),
+        "seconds_in_tests": round(sum(files.values()), 2),
+        "files": {name: round(seconds, 2) for name, seconds in sorted(files.items(), key=lambda kv: -kv[1])},
+        "tests": {name: phases for name, phases in sorted(tests.items())},
+    }
+
+
+def table(record: dict, rows: int = 20) -> str:
+    """The files that took longest, as a Markdown table."""
+    lines = [f"{record['summary']} in {record['wall_s']:.0f} s; {record['seconds_in_tests']:.0f} s inside tests",
+             "", "| file | seconds |", "|---|---|"]
+    lines += [f"| {name} | {seconds:.1f} |" for name, seconds in list(record["files"].items())[:rows]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=1, help="pytest-xdist workers (1: one process, as CI)")
+    parser.add_argument("--read", default=None, help="read this saved pytest output instead of running the tests")
+    parser.add_argument("--out", required=True, help="the JSON to write")
+    parser.add_argument("--raw", default=None, help="where to keep pytest's whole output (default: not kept)")
+    parser.add_argument("--label", default="", help="a note kept in the JSON (what differs in this run)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.read:
+        text = Path(args.read).read_text(encoding="utf-8")
+    else:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0", "--durations-min=0"]
+        if args.workers > 1:
+            command += ["-n", str(args.workers), "--dist", "loadfile"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        text = done.stdout + done.stderr
+        if args.raw:
+            Path(args.raw).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(Path(args.raw), text)
+    record = {"date": datetime.date.today().isoformat(), "machine": machine(), "workers": args.workers,
+              "label": args.label, **read_durations(text)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(record, indent=1) + "\n")
+    print(table(record))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
