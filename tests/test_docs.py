@@ -250,3 +250,18 @@ def test_the_speed_tables_read_the_committed_measurements():
     assert len(rows) == len(speed["timings"]) and "| baseline |" in rows[0]
     draft = next(row for row in rows if "| batch 16 gold draft |" in row)
     assert f"| {speed['ratios']['batch 16 gold draft']:.2f}x | 0 | 0 |" in draft
+
+
+def test_the_test_suite_table_shows_every_files_seconds_once():
+    """The longest files, then the rest together: the column adds up to the seconds inside tests."""
+    import json
+
+    from bsi.cli.docs import suite_durations
+
+    name = "test-durations-2026-11-28-one-process"
+    record = json.loads((ROOT / "data" / "speed" / f"{name}.json").read_text())
+    lines = suite_durations(name, rows=5).splitlines()
+    files = [line for line in lines[2:] if line.startswith("| `tests/") or line.startswith("| the other")]
+    assert len(files) == 6 and files[-1].startswith(f"| the other {len(record['files']) - 5} files |")
+    assert sum(float(line.rsplit("|", 2)[1]) for line in files) == pytest.approx(record["seconds_in_tests"], abs=0.5)
+    assert lines[-1] == f"| result | {record['summary']} |"

@@ -635,6 +635,30 @@ def speed_evaluation(*names: str) -> str:
     return "\n".join(rows)
 
 
+def suite_durations(*names: str, rows: int = 15) -> str:
+    """Where test runs spent their time, side by side, from ``bench/test_durations.py``'s JSON files.
+
+    ``names`` are files ``data/speed/<name>.json``; one column per run, one
+    row per test file (the first run's ``rows`` longest, then the rest
+    together), each cell the seconds its tests took (setup, call and
+    teardown), then the seconds inside tests and the wall time pytest printed.
+    """
+    from bsi.units import duration
+
+    runs = [json.loads((ROOT / "data" / "speed" / f"{name}.json").read_text(encoding="utf-8")) for name in names]
+    files = list(runs[0]["files"])
+    lines = ["| test file | " + " | ".join(f"`{name}` ({r['workers']} worker{'s' if r['workers'] > 1 else ''}): s"
+                                          for name, r in zip(names, runs)) + " |", "|---|" + "---|" * len(runs)]
+    for file in files[:rows]:
+        lines.append(f"| `{file}` | " + " | ".join(f"{r['files'].get(file, 0):.1f}" for r in runs) + " |")
+    lines.append(f"| the other {len(files[rows:])} files | " + " | ".join(
+        f"{sum(s for f, s in r['files'].items() if f not in files[:rows]):.1f}" for r in runs) + " |")
+    lines.append("| inside tests, all files | " + " | ".join(f"{r['seconds_in_tests']:.0f}" for r in runs) + " |")
+    lines.append("| wall time (pytest) | " + " | ".join(f"{duration(r['wall_s'])}" for r in runs) + " |")
+    lines.append("| result | " + " | ".join(r["summary"] for r in runs) + " |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------ filling the files
 GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": json_only, "presets": preset_table,
                                              "modules": module_map, "defaults": defaults_table,
@@ -644,7 +668,7 @@ GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": 
                                              "text-runs-side-by-side": text_runs_side_by_side,
                                              "sweeps-side-by-side": sweeps_side_by_side, "sweep-seeds": sweep_seeds,
                                              "sweep-log-rounds": sweep_log_rounds, "run-profiles": run_profiles,
-                                             "speed-evaluation": speed_evaluation}
+                                             "speed-evaluation": speed_evaluation, "test-durations": suite_durations}
 
 
 def generate(what: str) -> str:
