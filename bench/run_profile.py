@@ -48,6 +48,8 @@ PARTS = (
     ("tuning steps", "Compressor._train_step", None, "pruning stage"),
     ("curvature profiling steps", "Compressor._profile_step", None, "pruning stage"),
     ("closing rounds (scores, cut, monitor loss)", "Compressor._close_round", None, "pruning stage"),
+    ("the monitor batch's loss, before and after each cut", "Compressor._monitor_loss", None,
+     "closing rounds (scores, cut, monitor loss)"),
     ("checkpoints", "Pipeline.checkpoint", None, "pruning stage"),
     ("recovery", "Pipeline.recover_stage", None, None),
     ("compressed evaluation", "Pipeline.evaluate_stage", "Pipeline.reference_stage", None),
