@@ -73,9 +73,10 @@ SESSION_THREADS = torch.get_num_threads()
 def _threads_per_test():
     """One process: every test on all the cores; pytest-xdist workers: one thread each, so that they do not thrash.
 
-    On 2 cores the one-process suite took 10 min 48 s with every test on
-    one thread and 9 min 41 s on both (2026-11-28; the real embedded model's
-    test 64 s -> 43 s, the sweeps 49 s -> 37 s; docs/log.md). Several
+    On 2 cores the one-process suite took 10 min 49 s with every test on
+    one thread and 9 min 25 s on both, 11 s of it one lm-eval process fewer
+    (2026-11-28, data/speed/test-durations-2026-11-28-*.json; the real
+    embedded model's test 64 s -> 39 s, the sweeps 49 s -> 37 s). Several
     fixtures set one thread for a whole file, so the count is set here for
     every test rather than inherited.
     """

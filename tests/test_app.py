@@ -21,7 +21,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 import torch
-from conftest import smoke_app
+from conftest import load_script, smoke_app
 
 from bsi.analysis import figures
 from bsi.app import chat, compare, inspect, spectra
@@ -579,13 +579,11 @@ def _free_port() -> int:
 def test_a_stop_while_the_address_prints_closes_the_app_without_a_traceback(tmp_path, monkeypatch):
     """SIGTERM (taken as Ctrl-C) can land inside the print that shows the address, before the server loop runs.
 
-    Two test workers on two cores made it happen (the app exited 1 with a
+    Three test workers on two cores made it happen (the app exited 1 with a
     traceback); here the interrupt is raised from the address lines
     themselves, so the moment is always the same.
     """
     import signal
-
-    from conftest import load_script
 
     import bsi.app.layout
 
