@@ -81,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw", default=None, help="where to keep pytest's whole output (default: not kept)")
     parser.add_argument("--label", default="", help="a note kept in the JSON (what differs in this run)")
     args = parser.parse_args(argv)
-    out = Path(args.out)
     if args.read:
         text = Path(args.read).read_text(encoding="utf-8")
     else:
@@ -91,12 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         text = done.stdout + done.stderr
         if args.raw:
-            Path(args.raw).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(Path(args.raw), text)
+            atomic_write_text(args.raw, text)  # (it makes the folder too)
     record = {"date": datetime.date.today().isoformat(), "machine": machine(), "workers": args.workers,
               "label": args.label, **read_durations(text)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps(record, indent=1) + "\n")
+    atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
     print(table(record))
     return 0
 

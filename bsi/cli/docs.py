@@ -647,12 +647,13 @@ def suite_durations(*names: str, rows: int = 15) -> str:
 
     runs = [json.loads((ROOT / "data" / "speed" / f"{name}.json").read_text(encoding="utf-8")) for name in names]
     files = list(runs[0]["files"])
+    shown = set(files[:rows])
     lines = ["| test file | " + " | ".join(f"`{name}` ({r['workers']} worker{'s' if r['workers'] > 1 else ''}): s"
                                           for name, r in zip(names, runs)) + " |", "|---|" + "---|" * len(runs)]
     for file in files[:rows]:
         lines.append(f"| `{file}` | " + " | ".join(f"{r['files'].get(file, 0):.1f}" for r in runs) + " |")
-    lines.append(f"| the other {len(files[rows:])} files | " + " | ".join(
-        f"{sum(s for f, s in r['files'].items() if f not in files[:rows]):.1f}" for r in runs) + " |")
+    lines.append(f"| the other {len(files) - len(shown)} files | " + " | ".join(
+        f"{sum(s for f, s in r['files'].items() if f not in shown):.1f}" for r in runs) + " |")
     lines.append("| inside tests, all files | " + " | ".join(f"{r['seconds_in_tests']:.0f}" for r in runs) + " |")
     lines.append("| wall time (pytest) | " + " | ".join(f"{duration(r['wall_s'])}" for r in runs) + " |")
     lines.append("| result | " + " | ".join(r["summary"] for r in runs) + " |")
