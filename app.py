@@ -26,7 +26,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     from bsi.config import PRESETS  # light: no torch
 
     parser.add_argument("--preset", default="tour", choices=list(PRESETS),
-                        help="preset the form starts from: tour (the embedded model, about a minute and a half), "
+                        help="preset the form starts from: tour (the embedded model, under two minutes), "
                              "default (the best trade, minutes) or smoke (tiny model, seconds)")
     parser.add_argument("--run-dir", default=None,
                         help="finished run the dashboard opens on (default: the run shipped in data/; '' for none)")

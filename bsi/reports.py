@@ -12,6 +12,7 @@ them (for example to scrub back through rounds) without holding the model.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -54,6 +55,47 @@ class StepReport(_Report):
     loss: float  # answer-token cross-entropy on this mini-batch (NaN for a forward-only step, e.g. "calibrate" of ASVD)
     elapsed: float  # seconds since the stage started
     skipped: bool = False  # True when the batch gave a non-finite loss/gradient and was ignored
+    tokens: int = 0  # tokens in the step's batch (attention-mask ones) on a step that trains; 0 on one that does not
+
+
+#: The stages whose steps update the model (a profiling or calibration step only measures).
+TRAINING_STAGES = ("finetune", "train", "recover", "dense-recover")
+
+
+@dataclass
+class TrainingTally:
+    """Optimizer steps and tokens a model was trained on, counted from the :class:`StepReport` s of its stages.
+
+    A skipped step (non-finite loss or gradient) updated nothing and is not
+    counted. ``stages`` narrows what counts (a sweep counts a method's
+    ``train`` steps up to a size, then the size's ``recover`` steps apart).
+
+    >>> tally = TrainingTally(stages=("recover",))
+    >>> tally.count(StepReport("recover", 1, 2, 0.5, 0.1, tokens=300))
+    >>> tally.count(StepReport("profile", 1, 1, 0.5, 0.1))
+    >>> (tally.steps, tally.tokens)
+    (1, 300)
+    """
+
+    stages: tuple[str, ...] = TRAINING_STAGES
+    steps: int = 0
+    tokens: int = 0
+
+    def count(self, report: object) -> None:
+        """Add ``report`` when it is a step of a counted stage that updated the model."""
+        if isinstance(report, StepReport) and report.stage in self.stages and not report.skipped:
+            self.steps += 1
+            self.tokens += report.tokens
+
+    def through(self, reports: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
+        """``yield from tally.through(stage())``: pass every report on, counting it; returns what ``stage`` returns."""
+        try:
+            report = next(reports)
+            while True:
+                self.count(report)
+                report = reports.send((yield report))
+        except StopIteration as stop:
+            return stop.value
 
 
 @dataclass(frozen=True)
@@ -71,7 +113,8 @@ class LayerRound(_Report):
     basis_ids: torch.Tensor  # (r,) int64, original index of each active basis
     sigma: torch.Tensor  # (r,) learned coefficient sigma_i
     grad: torch.Tensor | None  # (r,) E[dl/dsigma_i] over the profiling batches
-    hessian: torch.Tensor | None  # (r,) curvature estimate of E[d2l/dsigma_i^2]; 0 outside the pool
+    #: (r,) curvature estimate of E[d2l/dsigma_i^2]; 0 outside the pool when the round's ``curvature_scope`` is "pool"
+    hessian: torch.Tensor | None
     importance: torch.Tensor  # (r,) the score: predicted loss increase I_i of dropping basis i
     pool: torch.Tensor  # (p,) int64 positions of the candidate pool
     pruned: torch.Tensor  # (q,) int64 positions removed this round (subset of pool)
@@ -80,6 +123,12 @@ class LayerRound(_Report):
     params_after: int  # parameters of this layer after the round
     terms: dict[str, torch.Tensor] = field(
         default_factory=dict)  # name -> (r,): the parts of the score ("gradient", "curvature", ...)
+    #: the layer's geometry, so that the cost of any rank can be computed from the record alone (a what-if cut,
+    #: bsi.analysis.whatif); 0 in records written before 2026-11-28
+    in_features: int = 0
+    out_features: int = 0
+    aux_rank: int = 0
+    bias: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,6 +156,11 @@ class RoundReport(_Report):
     #: the size this round landed on (a stop of the run's path, or its target_ratio; KeepRatio in keep mode,
     #: last round only); None for a round in between. A consumer that wants the model of that size copies it now.
     stop: float | None = None
+    #: where the curvature was measured: "all" (every active basis: the Fisher, free from per-example gradients),
+    #: "pool" (the candidate pool only: Hutchinson's probes; and every run recorded before 2026-11-28) or ""
+    #: (the score reads no curvature). The scores cover every basis, and a whole-model cut can be planned from
+    #: them (bsi.analysis.whatif), only where it is "all" or the score needs no curvature.
+    curvature_scope: str = "pool"
 
     @property
     def compressible_ratio(self) -> float:

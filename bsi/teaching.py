@@ -10,7 +10,8 @@ here, as small functions with tests:
   settings that run in a few minutes on a laptop CPU; ``tiny-random-llama``:
   seconds, for CI). The pipeline runs start from the library's presets
   (notebook 06's from the ``text`` preset, WikiText-2).
-* tables: :func:`rank_table`, :func:`rank_history`, :func:`block_index` (:func:`bsi.method.names.layer_block`);
+* tables: :func:`rank_table`, :func:`rank_history`, :func:`block_index` (:func:`bsi.method.names.layer_block`),
+  :func:`markdown_rows` (rows of text as a Markdown table);
   notebook 05's study grid is :meth:`NotebookSettings.study`;
 * one layer: :func:`truncation_errors` (the output error of keeping the first
   k bases, on inputs of a given second moment), :func:`profile_rows` (a
@@ -154,6 +155,21 @@ def notebook_settings(environ: Mapping[str, str] | None = None) -> NotebookSetti
 
 
 # --------------------------------------------------------------------- tables
+def markdown_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Rows of already formatted values as a Markdown table, the first row's keys as its header.
+
+    >>> print(markdown_rows([{"eps": "1e-4", "error": "0.3"}]))
+    | eps | error |
+    |---|---|
+    | 1e-4 | 0.3 |
+    """
+    if not rows:
+        return ""
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(str(row[h]) for h in head) + " |" for row in rows])
+
+
 def rank_table(model: nn.Module) -> list[dict[str, Any]]:
     """One row per compressible layer: shape, full and current rank, stored and dense parameters (biases aside).
 

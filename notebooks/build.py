@@ -106,8 +106,9 @@ def runtime_line(stem: str, times: Mapping[str, Any]) -> str | None:
     parts = []
     if entry.get("not_cached_s") is not None:
         if entry.get("caches"):
-            parts.append(f"{duration(entry['cached_s'])} with the fine-tune cached, "
-                         f"{duration(entry['not_cached_s'])} without")
+            cached = ("the fine-tune and the conversion cached"
+                      if any(e.startswith("bases/") for e in entry.get("cache_entries", ())) else "the fine-tune cached")
+            parts.append(f"{duration(entry['cached_s'])} with {cached}, {duration(entry['not_cached_s'])} without")
         else:
             parts.append(f"{duration(entry['not_cached_s'])} (nothing to fine-tune or cache)")
     if entry.get("tiny_s") is not None:

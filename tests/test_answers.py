@@ -29,6 +29,7 @@ from bsi.pipeline.compare import find_reference, run_reference
 from bsi.pipeline.runner import Pipeline
 from bsi.pipeline.sweep import Sweep, problems_file
 from bsi.shipped import ship_run, ship_sweep, shipped_run, shipped_sweep
+from bsi.units import duration
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -292,10 +293,14 @@ def test_every_preset_states_its_measured_cost_or_none():
     assert set(PRESET_COSTS) == set(PRESETS)
     for cost in PRESET_COSTS.values():
         assert cost.command in ("bsi compress", "bsi sweep") and cost.gives_up
-        measured = [s for s in (cost.cached_seconds, cost.uncached_seconds) if s is not None]
+        measured = [s for s in (cost.warm_seconds, cost.cached_seconds, cost.uncached_seconds) if s is not None]
         assert all(s > 0 for s in measured) and (cost.measured is not None) == bool(measured)
+        assert measured == sorted(measured)  # each cache takes work away: warm <= fine-tune cached <= empty
         assert (cost.time_text() == "not measured") == (not measured)
-    assert PRESET_COSTS["default"].time_text().startswith("8 min 58 s with the fine-tune cached, 11 min 4 s")
+    tour = PRESET_COSTS["tour"]
+    assert tour.time_text().startswith(f"{duration(tour.warm_seconds)} with the fine-tune and the conversion cached, "
+                                       f"{duration(tour.cached_seconds)} with the fine-tune cached, ")
+    assert tour.prepare_seconds and tour.prepare_seconds < tour.cached_seconds
 
 
 def test_the_answers_module_needs_no_torch():

@@ -312,6 +312,8 @@ def test_inspect_rows_read_the_scores_terms(finished, tmp_path):
     assert statuses.count("protected") == layer.rank_before - layer.pool.numel() > 0
     text, fig, table, path = inspect.view(session.rounds, 1, layer.name, tmp_path)
     assert layer.name in text and len(table["data"]) == len(rows) and isinstance(fig, go.Figure)
+    share = session.rounds[0].significant_gradients  # the round's gradient test, stated as the share that passed
+    assert (f"{100 * share:.1f}% of the candidate bases" in text) if share == share else "no gradient test" in text
     assert table["headers"][-2:] == ["importance", "status"]
     shown = [v for row in table["data"] for v in row if isinstance(v, float) and v != 0]
     assert all(v == significant(v) for v in shown)  # four significant figures in the table

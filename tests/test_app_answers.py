@@ -103,8 +103,10 @@ def test_every_preset_shows_its_measured_time():
         cost = PRESET_COSTS[name]
         label = preset_label(name)
         assert label.startswith(name)
-        if cost.cached_seconds or cost.uncached_seconds:
+        if cost.warm_seconds or cost.cached_seconds or cost.uncached_seconds:
             assert "not measured" not in label and " s" in label
+            assert ("caches warm" in label) == bool(cost.warm_seconds)  # with and without the caches, as measured
+            assert ("fine-tune cached" in label) == bool(cost.cached_seconds)
         else:
             assert label.endswith("not measured")
         assert cost.time_text() in preset_line(name) and cost.gives_up in preset_line(name)

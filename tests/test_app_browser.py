@@ -85,14 +85,82 @@ def fill_when_shown(page, selector: str, text: str) -> None:
 
 
 @pytest.fixture
-def app_url(tmp_path, monkeypatch):
+def app(tmp_path, monkeypatch):
     with smoke_app(tmp_path, monkeypatch) as demo:
-        yield demo.local_url
+        yield demo
+
+
+@pytest.fixture
+def app_url(app):
+    return app.local_url
+
+
+def summary_parameters(text: str) -> int:
+    """The whole-model parameters the What-if summary states (``1.31x smaller whole model (N of M parameters``)."""
+    return int(re.search(r"\(([\d,]+) of [\d,]+ parameters", text).group(1).replace(",", ""))
+
+
+def plot_values(page, elem_id: str) -> list[float]:
+    """Every y value the plot ``elem_id`` draws, as the page holds them."""
+    return page.evaluate("""(id) => [...document.querySelectorAll('#' + id + ' .js-plotly-plot')].flatMap(
+        g => (g.data || []).flatMap(t => Array.isArray(t.y) ? t.y : []))""", elem_id)
+
+
+def move_whatif_target(page, share: float, where: str) -> None:
+    """Type a target share into the What-if slider's box and wait for the summary to say it; prints how long."""
+    from playwright.sync_api import expect
+
+    value = page.locator("#whatif-value input[type=number]")
+    value.fill(f"{share:g}")
+    value.press("Enter")
+    moved = time.monotonic()
+    expect(page.locator("#whatif-summary")).to_contain_text(f"target {share:.0%} of the compressible layers",
+                                                            timeout=30_000)
+    print(f"\nWhat if, {where}: the summary redrawn {time.monotonic() - moved:.2f} s after the size moved")
+
+
+def whatif_in_the_browser(page, app) -> None:
+    """The What-if tab after a run of this session: move the size, see it redraw, measure, check the size shown."""
+    import copy
+
+    import torch
+    from playwright.sync_api import expect
+
+    from bsi.app import whatif
+    from bsi.method.surgery import basis_layers, model_parameters
+
+    page.get_by_role("tab", name="What if").click()
+    summary = page.locator("#whatif-summary")
+    expect(page.locator("#whatif-source")).to_contain_text("in memory", timeout=30_000)
+    expect(summary).to_contain_text("predicted loss rise", timeout=30_000)
+    page.wait_for_function(HAS_DATA, arg="whatif-ranks")
+    before_text, before_bars = summary.inner_text(), plot_values(page, "whatif-ranks")
+    move_whatif_target(page, 0.35, "a run of this session")
+    page.wait_for_function("""([id, old]) => Math.abs([...document.querySelectorAll('#' + id + ' .js-plotly-plot')]
+        .flatMap(g => (g.data || []).flatMap(t => Array.isArray(t.y) ? t.y : [])).reduce((a, b) => a + b, 0) - old)
+        > 1e-6""", arg=["whatif-ranks", sum(before_bars)])  # the bars redrawn too
+    after_text = summary.inner_text()
+    assert after_text != before_text and sum(plot_values(page, "whatif-ranks")) < sum(before_bars)
+    session = next(iter(app.visitors._sessions.values()))  # the visitor's own session, as the server holds it
+    cut = whatif.plan(session, 1, "target", 0.35, "bsi", "auto")
+    model = copy.deepcopy(whatif.explorer(session).model_at(1))  # cut for real: the columns removed
+    for name, layer in basis_layers(model).items():
+        layer.keep(torch.tensor(sorted(set(range(layer.rank)) - set(cut.pruned[name].tolist())), dtype=torch.long))
+    assert summary_parameters(after_text) == model_parameters(model) == cut.params_total
+    page.locator("#whatif-measure").click()
+    answers = page.locator("#whatif-answers")
+    expect(answers).to_contain_text("Held-out loss", timeout=60_000)
+    expect(answers).to_contain_text("dense, fine-tuned", timeout=60_000)
+    page.wait_for_function(HAS_DATA, arg="whatif-curve", timeout=60_000)
+    expect(page.locator("#whatif-status")).to_contain_text("run's own path included", timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "whatif-measured-smoke.png"), full_page=True)
 
 
 @needs_chromium
-def test_browser_start_inspect_chat(app_url):
+def test_browser_start_inspect_chat(app):
     from playwright.sync_api import expect, sync_playwright
+
+    app_url = app.local_url
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
@@ -132,6 +200,8 @@ def test_browser_start_inspect_chat(app_url):
                 assert 0 < right <= viewport, (header, right)
             page.screenshot(path=str(ARTIFACTS / "inspect.png"), full_page=True)
 
+            whatif_in_the_browser(page, app)
+
             page.get_by_role("tab", name="Chat").click()
             expect(page.locator("#chat-sizes")).to_contain_text("compressed", timeout=10_000)
             page.locator("#chat-input textarea").fill("Amy has 12 apples and buys 7 more. How many now?")
@@ -160,8 +230,8 @@ def test_browser_start_inspect_chat(app_url):
             page.screenshot(path=str(ARTIFACTS / "spectra.png"), full_page=True)
         finally:
             browser.close()
-    for name in ("compress-running.png", "compress-done.png", "inspect.png", "chat.png", "chat-prompts.png",
-                 "spectra.png"):
+    for name in ("compress-running.png", "compress-done.png", "inspect.png", "whatif-measured-smoke.png", "chat.png",
+                 "chat-prompts.png", "spectra.png"):
         assert (ARTIFACTS / name).stat().st_size > 10_000
 
 
@@ -220,12 +290,29 @@ def test_first_visit_shows_the_shipped_run_and_study(tmp_path):
                 page.screenshot(path=str(ARTIFACTS / "form-eps-keepratio.png"), full_page=True,
                                 clip={"x": 0, "y": top["y"] + scrolled - 20, "width": 720,
                                       "height": bottom["y"] + bottom["height"] - top["y"] + 40})
+                page.locator("#eps-field input").fill("0.001")  # the form's eps, shown on one layer in What if
+                page.locator("#eps-link").click()
+                expect(page.locator("#whatif-eps input[type=number]")).to_have_value("-3")
+                expect(page.locator("#whatif-eps-button")).to_be_visible()
 
                 page.get_by_role("tab", name="Inspect").click()
                 expect(page.locator("#inspect-summary")).to_contain_text("candidate pool")
                 page.wait_for_function(HAS_DATA, arg="inspect-figure")
                 expect(page.locator("#inspect-table")).to_contain_text("importance")
                 page.screenshot(path=str(ARTIFACTS / "first-inspect.png"), full_page=True)
+
+                page.get_by_role("tab", name="What if").click()  # the shipped run's scores, before anything runs
+                summary = page.locator("#whatif-summary")
+                expect(summary).to_contain_text("predicted loss rise")
+                expect(page.locator("#whatif-source")).to_contain_text("Prepare")
+                expect(page.locator("#whatif-source")).to_contain_text(re.compile(r"Preparing takes about|not measured"))
+                page.wait_for_function(HAS_DATA, arg="whatif-ranks")
+                page.screenshot(path=str(ARTIFACTS / "first-whatif.png"), full_page=True)
+                shown = summary.inner_text()
+                move_whatif_target(page, 0.5, "the shipped run")
+                assert summary_parameters(summary.inner_text()) < summary_parameters(shown)
+                page.locator("#whatif-measure").click()  # no weights yet: it says what to do, at once
+                expect(page.locator("#whatif-status")).to_contain_text("press Prepare first")
 
                 page.get_by_role("tab", name="Spectra").click()
                 expect(page.locator("#spectra-status")).to_contain_text("Saved spectra")
@@ -275,7 +362,7 @@ def test_first_visit_shows_the_shipped_run_and_study(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
-    for name in ("first-visit.png", "form-eps-keepratio.png", "first-inspect.png", "first-spectra.png",
+    for name in ("first-visit.png", "form-eps-keepratio.png", "first-inspect.png", "first-whatif.png", "first-spectra.png",
                  "first-compare.png", "answers-run.png", "answers-sweep.png", "answers-beats.png", "help.png"):
         assert (ARTIFACTS / name).stat().st_size > 10_000
 

@@ -113,3 +113,90 @@ def test_symmetric_difference_exact_for_quadratic():
     eps = 1e-2
     h = symmetric_difference_hessian(a @ (s + eps / 2 * z), a @ (s - eps / 2 * z), z, eps)
     torch.testing.assert_close(h, (z * (a.float() @ z)), atol=1e-4, rtol=1e-4)
+
+
+# ------------------------------------------------- budgets: the sorted-once bisections against the plain rule
+def _plain_mass_to_budget(shapes, importance, pools, budget, measure, caps=None):
+    """The budget bisection as first written: the whole mass rule at every step (the oracle)."""
+    from bsi.method.schedule import mass_selection, parameters_after
+
+    def at(q):
+        return mass_selection(importance, pools, q, caps)
+
+    lo, hi = 0.0, 2.0
+    if parameters_after(shapes, at(hi), measure) <= budget:
+        return at(hi)
+    if parameters_after(shapes, at(lo), measure) >= budget:
+        return at(lo)
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if parameters_after(shapes, at(mid), measure) < budget:
+            lo = mid
+        else:
+            hi = mid
+    a, b = at(lo), at(hi)
+    return a if abs(parameters_after(shapes, a, measure) - budget) <= abs(parameters_after(shapes, b, measure) - budget) else b
+
+
+def _plain_global_to_budget(shapes, importance, pools, budget, measure, caps=None):
+    """The global selection as first written: every prefix materialised (the oracle)."""
+    from bsi.method.schedule import parameters_after
+
+    names = list(pools)
+    values, owners, positions = [], [], []
+    for i, n in enumerate(names):
+        pool = pools[n]
+        if pool.numel() == 0:
+            continue
+        imp = importance[n][pool].float()
+        order = torch.argsort(imp, stable=True)
+        if caps is not None:
+            order = order[: caps[n]]
+        values.append(imp[order] / shapes[n].per_basis)
+        owners.append(torch.full((order.numel(),), i, dtype=torch.long))
+        positions.append(pool[order])
+    value, owner, position = torch.cat(values), torch.cat(owners), torch.cat(positions)
+    order = torch.argsort(value, stable=True)
+    owner, position = owner[order], position[order]
+
+    def at(k):
+        return {n: position[:k][owner[:k] == i].sort().values for i, n in enumerate(names)}
+
+    lo, hi = 0, owner.numel()
+    if parameters_after(shapes, at(hi), measure) >= budget:
+        return at(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if parameters_after(shapes, at(mid), measure) > budget:
+            lo = mid
+        else:
+            hi = mid
+    gap_lo = abs(parameters_after(shapes, at(lo), measure) - budget)
+    gap_hi = abs(parameters_after(shapes, at(hi), measure) - budget)
+    return at(lo) if gap_lo < gap_hi else at(hi)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("measure", ["stored", "factor"])
+def test_budget_selections_equal_the_plain_rule(seed, measure):
+    from bsi.method.schedule import LayerShape, global_to_budget, mass_to_budget
+
+    generator = torch.Generator().manual_seed(seed)
+    shapes, importance, pools = {}, {}, {}
+    for i, (d_in, d_out) in enumerate([(24, 24), (24, 8), (8, 24), (40, 16), (16, 16)]):
+        r = min(d_in, d_out)
+        n = f"layer{i}"
+        shapes[n] = LayerShape(d_in, d_out, r, aux_rank=seed % 2, bias=bool(i % 2))
+        values = torch.randn(r, generator=generator) ** 3
+        values[torch.rand(r, generator=generator) < 0.1] = 0.0  # ties
+        importance[n] = values
+        pools[n] = torch.nonzero(torch.rand(r, generator=generator) < 0.7).flatten() if i != 4 else torch.arange(0)
+    full = sum(s.cost(s.rank, measure) for s in shapes.values())
+    caps = {n: max(1, pools[n].numel() // 3) for n in pools} if seed % 3 == 0 else None
+    for share in (0.98, 0.8, 0.6, 0.4, 0.1):
+        budget = round(share * full)
+        for fast, plain in ((mass_to_budget, _plain_mass_to_budget), (global_to_budget, _plain_global_to_budget)):
+            got = fast(shapes, importance, pools, budget, measure, caps)
+            want = plain(shapes, importance, pools, budget, measure, caps)
+            assert set(got) == set(want)
+            assert all(torch.equal(got[n], want[n]) for n in want), (fast.__name__, share)

@@ -271,6 +271,14 @@ def results_figure(rows: Sequence[StudyRow], reference: str = "dense") -> go.Fig
     return fig
 
 
+def _training_hover(entry: dict) -> str:
+    """A study entry's training after the fine-tune, for a hover ('' where not recorded)."""
+    if "training_steps" not in entry:
+        return ""
+    tokens = f", {entry['training_tokens'] / 1000:.0f}k tokens" if "training_tokens" in entry else ""
+    return f"<br>trained {entry['training_steps']:g} steps after the fine-tune ({entry['path_steps']:g} on the path{tokens})"
+
+
 def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figure:
     """A study's accuracy and loss against whole-model size, one line per method, with 95% interval bands.
 
@@ -312,7 +320,7 @@ def study_figure(stats: dict, protocols: Sequence[str] | None = None) -> go.Figu
                     mid = [e[key]["estimate"] * scale for _, e in start + points]
                     low = [e[key]["low"] * scale for _, e in start + points]
                     high = [e[key]["high"] * scale for _, e in start + points]
-                    text_of = ["dense" if t == "dense" else f"{name} at {t}" for t, _ in start + points]
+                    text_of = ["dense" if t == "dense" else f"{name} at {t}{_training_hover(e)}" for t, e in start + points]
                     band = dict(x=xs + xs[::-1], y=high + low[::-1], fill="toself", line=dict(width=0), opacity=0.18,
                                 fillcolor=color, hoverinfo="skip", showlegend=False, legendgroup=name)
                     fig.add_trace(go.Scatter(**band), row=r, col=col)
@@ -372,3 +380,162 @@ def ranking_figure(points: dict) -> go.Figure:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# -------------------------------------------------------------- what-if tab
+RANK_COLORS = {"bsi": "#1f77b4", "magnitude": "#ff7f0e", "gradient": "#9467bd", "random": "#7f7f7f"}
+
+
+def whatif_ranks_figure(cut: Any) -> go.Figure:
+    """Kept share of every layer's bases under one what-if cut: bars grouped by block, one colour per layer kind.
+
+    ``cut`` is a :class:`bsi.analysis.whatif.WhatIfCut`. A bar's height is
+    the share of the layer's bases (at the round the cut starts from) that
+    the cut keeps; hovering gives the count.
+    """
+    if cut is None:
+        return empty_figure("Kept bases per layer", "choose a round and a size")
+    groups: dict[str, tuple[list[str], list[float], list[str]]] = {}
+    for name, rank in cut.ranks.items():
+        block = layer_block(name)
+        kind = layer_kind(name) if block is not None else name
+        xs, ys, text = groups.setdefault(kind, ([], [], []))
+        xs.append("–" if block is None else str(block))
+        ys.append(cut.kept[name] / max(rank, 1))
+        text.append(f"{cut.kept[name]} of {rank}")
+    title = (f"Kept bases per layer: {cut.removed:,} removed, the whole model {cut.compression:.2f}x smaller "
+             f"(compressible layers at {cut.compressible_ratio:.1%})")
+    fig = go.Figure(layout=dict(title=dict(text=title, font=dict(size=13)), barmode="group", bargap=0.15,
+                                xaxis_title="block", yaxis_title="share of the layer's bases kept",
+                                **{**LAYOUT, "height": 360}))
+    for k, (kind, (xs, ys, text)) in enumerate(groups.items()):
+        fig.add_trace(go.Bar(x=xs, y=ys, name=kind, text=text, textposition="none",
+                             marker_color=METHOD_COLORS[k % len(METHOD_COLORS)],
+                             hovertemplate=f"{kind}, block %{{x}}: %{{text}} kept (%{{y:.0%}})<extra></extra>"))
+    fig.update_yaxes(range=[0, 1.02], tickformat=".0%")
+    fig.update_xaxes(type="category", tickfont=dict(size=9))
+    return fig
+
+
+def whatif_curve_figure(points: Sequence[Any], path: Sequence[Any], dense_loss: float | None = None) -> go.Figure:
+    """What one-shot cuts measured, beside the run's own path: loss against size, and predicted against measured.
+
+    Left: held-out loss against how many times smaller the whole model is,
+    one marker per measured cut (coloured by ranking), the run's own model
+    after each round (the gradual schedule and its tuning, no recovery) as a
+    line, and the dense model as a dashed line. Right: the measured loss
+    rise over the uncut model of the same round against the rise the scores
+    predicted (the sum of the removed bases' importance), with the diagonal
+    where prediction equals measurement; the run's points predict the sum of
+    its rounds' predictions and measure against its first round's uncut model.
+
+    ``points`` are :class:`bsi.analysis.whatif.MeasuredCut`, ``path``
+    :class:`bsi.analysis.whatif.PathPoint` objects.
+    """
+    if not points and not path:
+        return empty_figure("Predicted and measured", "press Measure to add a point")
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=("Held-out loss against size", "Predicted against measured loss rise"))
+    shown: set[str] = set()
+    for point in points:
+        cut = point.cut
+        color = RANK_COLORS.get(cut.rank_by, "#333333")
+        name = cut.rank_by
+        hover = (f"{point.label}<br>%{{x:.3g}}x smaller, loss %{{y:.4g}}<extra>one-shot cut</extra>")
+        fig.add_trace(go.Scatter(x=[cut.compression], y=[point.measurement.loss], mode="markers", name=name,
+                                 legendgroup=name, showlegend=name not in shown, marker=dict(color=color, size=10),
+                                 hovertemplate=hover), row=1, col=1)
+        fig.add_trace(go.Scatter(x=[cut.predicted], y=[point.measured], mode="markers", name=name, legendgroup=name,
+                                 showlegend=False, marker=dict(color=color, size=10),
+                                 hovertemplate=f"{point.label}<br>predicted %{{x:.4g}}, measured %{{y:.4g}}"
+                                               "<extra></extra>"), row=1, col=2)
+        shown.add(name)
+    if path:
+        fig.add_trace(go.Scatter(x=[p.compression for p in path], y=[p.measurement.loss for p in path],
+                                 mode="lines+markers", name="the run (rounds + tuning)", legendgroup="run",
+                                 marker=dict(symbol="diamond", size=11, color="#000000"), line=dict(color="#000000"),
+                                 text=[f"after round {p.round}" for p in path],
+                                 hovertemplate="%{text}: %{x:.3g}x smaller, loss %{y:.4g}<extra>the run</extra>"),
+                      row=1, col=1)
+        fig.add_trace(go.Scatter(x=[p.predicted for p in path], y=[p.rise for p in path], mode="lines+markers",
+                                 name="the run", legendgroup="run", showlegend=False, line=dict(color="#000000"),
+                                 marker=dict(symbol="diamond", size=11, color="#000000"),
+                                 text=[f"after round {p.round}" for p in path],
+                                 hovertemplate="%{text}: predicted %{x:.4g}, measured %{y:.4g}<extra>the run</extra>"),
+                      row=1, col=2)
+    if dense_loss is not None:
+        sizes = [p.cut.compression for p in points] + [p.compression for p in path]
+        fig.add_trace(go.Scatter(x=[1.0, max(sizes, default=1.0)], y=[dense_loss, dense_loss], mode="lines",
+                                 name="dense, fine-tuned", line=dict(color="#2ca02c", dash="dash"),
+                                 hovertemplate="the dense model: loss %{y:.4g}<extra></extra>"), row=1, col=1)
+    rises = [(p.cut.predicted, p.measured) for p in points] + [(p.predicted, p.rise) for p in path]
+    shown = [(x, y) for x, y in rises if x > 0 and y > 0]
+    if shown:
+        low = min(min(x, y) for x, y in shown) / 2
+        top = max(max(x, y) for x, y in shown) * 2
+        fig.add_trace(go.Scatter(x=[low, top], y=[low, top], mode="lines", name="measured = predicted",
+                                 line=dict(color="#bbbbbb", dash="dot"), hoverinfo="skip"), row=1, col=2)
+    hidden = len(rises) - len(shown)
+    if hidden:  # log axes: a measured fall (noise, or a cut that helped) has no place on them
+        fig.add_annotation(text=f"{hidden} point{'s' if hidden > 1 else ''} with a measured fall (or no predicted "
+                                "rise) not drawn", xref="x2 domain", yref="y2 domain", x=0.02, y=0.98,
+                           showarrow=False, font=dict(size=10), xanchor="left")
+    fig.update_layout(**{**LAYOUT, "height": 420, "margin": dict(l=60, r=20, t=40, b=110),
+                         "legend": dict(orientation="h", yanchor="top", y=-0.22, x=0)})
+    # log axes: a cut that breaks the model (a random one) sits orders of magnitude above the others
+    fig.update_xaxes(title_text="whole model, times smaller", row=1, col=1)
+    fig.update_yaxes(title_text="held-out answer-token loss", type="log", row=1, col=1)
+    fig.update_xaxes(title_text="predicted rise (sum of removed importance)", type="log", row=1, col=2)
+    fig.update_yaxes(title_text="measured rise over the uncut model", type="log", row=1, col=2)
+    return fig
+
+
+def eps_figure(study: Any, eps: float | None = None, rule_eps: float | None = None) -> go.Figure:
+    """One layer's curvature at one eps, and the estimate's error at every eps tried.
+
+    ``study`` is a :class:`bsi.analysis.whatif.EpsStudy`. Left: ``|h_i|`` per
+    basis on a log axis: the Fisher (a line), Hutchinson's estimate at
+    ``eps`` (markers; a negative estimate, which the Fisher never gives, in
+    red), and the exact diagonal at the largest coefficients (black).
+    Right: the relative error against the exact diagonal for every eps tried
+    so far, the Fisher's as a dashed line, the rule's eps as a dotted one.
+    """
+    if study is None:
+        return empty_figure("eps", "prepare the round models, then choose a layer and an eps")
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, column_widths=[0.6, 0.4],
+                        subplot_titles=(f"Curvature of {study.name}", "Error against the exact diagonal"))
+    xs = list(range(study.sigma.numel()))
+    fig.add_trace(go.Scatter(x=xs, y=study.fisher.abs().clamp_min(1e-12).tolist(), mode="lines", name="Fisher",
+                             line=dict(color="#2ca02c"), hovertemplate="basis %{x}: %{y:.3g}<extra>Fisher</extra>"),
+                  row=1, col=1)
+    point = study.points.get(eps) if eps is not None else None
+    if point is not None:
+        values = point.curvature
+        for negative, color, label in ((False, "#1f77b4", f"Hutchinson, eps {point.eps:.2g}"),
+                                       (True, "#d62728", "Hutchinson < 0 (|h| shown)")):
+            chosen = [i for i in xs if (float(values[i]) < 0) == negative]
+            if chosen:
+                fig.add_trace(go.Scatter(x=chosen, y=[max(abs(float(values[i])), 1e-12) for i in chosen],
+                                         mode="markers", name=label, marker=dict(color=color, size=4),
+                                         hovertemplate="basis %{x}: |h| %{y:.3g}<extra>" + label + "</extra>"),
+                              row=1, col=1)
+    fig.add_trace(go.Scatter(x=study.top.tolist(), y=study.exact.abs().clamp_min(1e-12).tolist(), mode="markers",
+                             name="exact (double backward)", marker=dict(color="#000000", size=9, symbol="x"),
+                             hovertemplate="basis %{x}: %{y:.3g}<extra>exact</extra>"), row=1, col=1)
+    tried = sorted(study.points.values(), key=lambda p: p.eps)
+    if tried:
+        fig.add_trace(go.Scatter(x=[p.eps for p in tried], y=[p.error for p in tried], mode="lines+markers",
+                                 name="Hutchinson's error", line=dict(color="#1f77b4"), showlegend=False,
+                                 hovertemplate="eps %{x:.2g}: error %{y:.3g}<extra></extra>"), row=1, col=2)
+    fig.add_hline(y=study.fisher_error, line_dash="dash", line_color="#2ca02c", annotation_text="Fisher",
+                  annotation_position="bottom right", row=1, col=2)
+    if rule_eps is not None:
+        fig.add_vline(x=rule_eps, line_dash="dot", line_color="#555555", annotation_text="the rule",
+                      annotation_position="top left", row=1, col=2)
+    fig.update_layout(**{**LAYOUT, "height": 420, "margin": dict(l=60, r=20, t=40, b=110),
+                         "legend": dict(orientation="h", yanchor="top", y=-0.22, x=0)})
+    fig.update_xaxes(title_text="basis (0 = largest sigma at conversion)", row=1, col=1)
+    fig.update_yaxes(title_text="|d2l/dsigma^2| estimate", type="log", row=1, col=1)
+    fig.update_xaxes(title_text="eps", type="log", range=[-7.2, 0.1], row=1, col=2)  # the slider's range
+    fig.update_yaxes(title_text="relative error at the largest sigmas", type="log", row=1, col=2)
+    return fig

@@ -49,6 +49,8 @@ class CompressTab:
 
     form: list  # components in Form field order
     connect: Any = None  # connect(round_dropdown, layer_dropdown): wire Start once the Inspect tab exists
+    eps_input: Any = None  # the eps field
+    eps_link: Any = None  # "what eps does to one layer": the What-if tab's eps study (wired by build_app)
 
 
 def _knob_input(knob: Knob, value: Any, interactive: bool | None = None, elem_id: str | None = None):
@@ -130,7 +132,9 @@ def _method_inputs(defaults: Form) -> dict[str, Any]:
                 inputs[attr] = _knob_input(KNOB[attr], getattr(defaults, attr), interactive=hutchinson if only else None,
                                            elem_id=f"{attr.replace('_', '-')}-field")
     inputs["eps_note"] = gr.Markdown(eps_note(defaults.curvature), elem_id="eps-note")
-    inputs["eps_button"] = gr.Button("Compute the rule", size="sm", elem_id="eps-button")
+    with gr.Row():
+        inputs["eps_button"] = gr.Button("Compute the rule", size="sm", elem_id="eps-button")
+        inputs["eps_link"] = gr.Button("What eps does to one layer (What if tab)", size="sm", elem_id="eps-link")
     inputs["eps_text"] = gr.Markdown(rule_text(defaults), elem_id="eps-rule")
     with gr.Row():
         for attr in ("recover_train", "recover_distill"):
@@ -212,6 +216,7 @@ def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visito
             upload_status = gr.Markdown()
             inputs.update(_method_inputs(defaults))
             eps_button = inputs.pop("eps_button")
+            eps_link = inputs.pop("eps_link")
             lines = {key: inputs.pop(key) for key in ("size_line", "eps_note", "eps_text", "preset_line", "tour_button")}
             eps_text = lines["eps_text"]
             inputs["out_dir"] = gr.Textbox(value=defaults.out_dir, label="Save to folder",
@@ -242,13 +247,15 @@ def render(board: JobBoard, session_state: Any, defaults: Form, visitors: Visito
 
     def connect(round_choice, layer_choice):
         targets = [*shown, round_choice, layer_choice, eps_text]
+        # show_progress "minimal": the job streams its own status; Gradio's full overlay (a timer redrawn on every
+        # output while the job runs) would keep the browser busy on the two cores the run needs
         start.click(job.handler(board, visitors, resume=False), [session_state, *form], targets,
-                    concurrency_limit=None, api_name="start")
+                    concurrency_limit=None, api_name="start", show_progress="minimal")
         resume.click(job.handler(board, visitors, resume=True), [session_state, *form], targets,
-                     concurrency_limit=None, api_name="resume")
+                     concurrency_limit=None, api_name="resume", show_progress="minimal")
 
     cancel.click(job.cancel_job, session_state, outputs["status"], concurrency_limit=None, api_name="cancel")
-    return CompressTab(form=form, connect=connect)
+    return CompressTab(form=form, connect=connect, eps_input=inputs["eps"], eps_link=eps_link)
 
 
 __all__ = ["CompressTab", "render"]

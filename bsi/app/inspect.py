@@ -10,8 +10,11 @@ own terms (``LayerRound.terms``) instead of re-deriving them::
     importance     = the sum of the score's terms
 
 The measured gradient ``g`` and curvature ``h`` are shown next to them when
-the score used them. The curvature is estimated only over the candidate pool,
-so a basis outside it shows a blank curvature (not measured), not 0. Each
+the score used them. The Fisher curvature (bsi's default) comes for every
+basis; Hutchinson's probes measure only the candidate pool, so under it (and
+in runs recorded before the Fisher covered every basis, whose round says
+``curvature_scope`` "pool") a basis outside the pool shows a blank curvature
+(not measured), not 0. Each
 basis' status: ``protected`` (outside the candidate pool, so it could not be
 pruned this round), ``pool (kept)`` or ``pruned``. The same rows feed the
 sortable table (numbers to four significant figures), the figure and the
@@ -38,8 +41,12 @@ def columns(layer: LayerRound) -> list[str]:
     return ["basis", "sigma", *measured, *(f"{term} term" for term in layer.terms), "importance", "status"]
 
 
-def basis_rows(layer: LayerRound) -> list[dict]:
-    """One record per active basis of ``layer`` at the start of its round (see the module docstring)."""
+def basis_rows(layer: LayerRound, curvature_everywhere: bool = False) -> list[dict]:
+    """One record per active basis of ``layer`` at the start of its round (see the module docstring).
+
+    ``curvature_everywhere``: the round measured the curvature of every basis
+    (its ``curvature_scope`` is "all"); else it is blank outside the pool.
+    """
     pool, pruned = set(layer.pool.tolist()), set(layer.pruned.tolist())
     vectors = {"sigma": layer.sigma, "gradient": layer.grad, "curvature": layer.hessian,
                **{f"{term} term": values for term, values in layer.terms.items()}, "importance": layer.importance}
@@ -47,30 +54,49 @@ def basis_rows(layer: LayerRound) -> list[dict]:
     for i in range(layer.sigma.numel()):
         row = {"basis": int(layer.basis_ids[i])}
         for name in columns(layer)[1:-1]:
-            measured_here = i in pool or not name.startswith("curvature")
+            measured_here = curvature_everywhere or i in pool or not name.startswith("curvature")
             row[name] = float(vectors[name][i]) if measured_here else None
         row["status"] = "pruned" if i in pruned else ("pool (kept)" if i in pool else "protected")
         rows.append(row)
     return rows
 
 
+def find_round(rounds: Sequence[RoundReport], round_index: int | None) -> RoundReport | None:
+    """Round ``round_index`` (1-based) of ``rounds``, or None."""
+    return next((report for report in rounds if report.round == round_index), None)
+
+
 def find_layer(rounds: Sequence[RoundReport], round_index: int | None, name: str | None) -> LayerRound | None:
     """The record of layer ``name`` in round ``round_index`` (1-based), or None."""
-    for report in rounds:
-        if report.round == round_index:
-            for layer in report.layers:
-                if layer.name == name:
-                    return layer
-    return None
+    report = find_round(rounds, round_index)
+    return next((layer for layer in report.layers if layer.name == name), None) if report is not None else None
 
 
-def layer_summary(layer: LayerRound | None) -> str:
-    """A one-line description above the table."""
+def gradient_test_text(report: RoundReport | None) -> str:
+    """What the round's score kept of the gradient term: the share of the pool that passed the significance test.
+
+    bsi keeps a basis' first-order term only where it stands out of its
+    batch-to-batch noise (``gradient_z``); where it does not, the basis is
+    scored by its curvature term alone. A share near 0 means the round
+    ranked by curvature only.
+    """
+    if report is None:
+        return ""
+    share = report.significant_gradients
+    if share != share:  # NaN: no test ran
+        return f"Round {report.round}: no gradient test ({report.score or 'this'} score keeps its terms as they are)."
+    return (f"Round {report.round}: the gradient term passed the significance test for {100 * share:.1f}% of the "
+            f"candidate bases; the others are scored by their curvature term alone.")
+
+
+def layer_summary(layer: LayerRound | None, report: RoundReport | None = None) -> str:
+    """A one-line description above the table (and the round's gradient test, given its report)."""
     if layer is None:
         return "Run a compression (Compress tab), then choose a round and a layer."
+    test = gradient_test_text(report)
     return (f"`{layer.name}`: {layer.rank_before} bases at the start of the round, candidate pool "
             f"{layer.pool.numel()}, pruned {layer.pruned.numel()}, {layer.rank_after} left "
-            f"({layer.params_after:,} parameters after the round)")
+            f"({layer.params_after:,} parameters after the round)" + (f". {test}" if test else ""))
 
 
 def rows_to_csv(rows: Sequence[dict]) -> str:
@@ -107,9 +133,11 @@ def view(rounds: Sequence[RoundReport], round_index: int | None, name: str | Non
     from bsi.analysis import figures
 
     layer = find_layer(rounds, round_index, name)
-    rows = basis_rows(layer) if layer is not None else []
+    report = find_round(rounds, round_index)
+    everywhere = report is not None and report.curvature_scope == "all"
+    rows = basis_rows(layer, curvature_everywhere=everywhere) if layer is not None else []
     path = str(write_csv(rows, int(round_index), str(name), folder)) if layer is not None else None
-    return layer_summary(layer), figures.basis_figure(rows), table(rows), path
+    return layer_summary(layer, report), figures.basis_figure(rows), table(rows), path
 
 
 MEASURED = 16
@@ -187,8 +215,8 @@ def render(session_state, csv_folder: str | Path, rounds: Sequence[RoundReport] 
     import gradio as gr
 
     gr.Markdown("Every basis of one layer in one pruning round: its learned coefficient sigma, what the score "
-                "measured (the gradient g; the curvature h, estimated over the candidate pool only, so blank "
-                "outside it), the score's terms (`-sigma*g`, `0.5*sigma^2*h`, or `|sigma|` for basel) and their "
+                "measured (the gradient g; the curvature h: the Fisher covers every basis, Hutchinson's probes "
+                "only the candidate pool, blank outside it), the score's terms (`-sigma*g`, `0.5*sigma^2*h`, or `|sigma|` for basel) and their "
                 "sum, the importance. *protected* bases were outside the candidate pool; *pruned* ones were "
                 "removed. Click a column header to sort; the CSV has full precision. The scores are explained in "
                 "`docs/method.md` (section 3).")

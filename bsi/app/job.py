@@ -62,14 +62,22 @@ class JobView:
     eps_text: str | None = None
 
 
-def snapshot(session: Session, status: str, eps_text: str | None = None) -> JobView:
-    """Build the figures and the log from the session's records."""
+def snapshot(session: Session, status: str, eps_text: str | None = None, rounds_changed: bool = True) -> JobView:
+    """Build the figures and the log from the session's records.
+
+    ``rounds_changed`` False (a step inside a round): only the status, the
+    loss curve and the log are new; the parameter plot and the rank heatmap
+    (210 layers on the embedded model) are left as they are, which spares
+    the server and the browser drawing them again every second on the same
+    two cores as the run.
+    """
     layers = [layer.name for layer in session.rounds[0].layers] if session.rounds else []
     return JobView(
         status=status,
         loss=figures.loss_figure(session.steps),
-        params=figures.params_figure(session.rounds, session.params_before, session.compressible_before),
-        ranks=figures.rank_heatmap(session.rounds),
+        params=figures.params_figure(session.rounds, session.params_before, session.compressible_before)
+        if rounds_changed else None,
+        ranks=figures.rank_heatmap(session.rounds) if rounds_changed else None,
         log="\n".join(reversed(session.log[-LOG_LINES:])),
         rounds=[r.round for r in session.rounds],
         layers=layers,
@@ -255,7 +263,8 @@ def _drive(pipeline: Pipeline, session: Session, config: PipelineConfig, min_int
                 last = now
                 if isinstance(report, DoneReport):
                     break
-                yield snapshot(session, _status("Running", session, config), eps_text)
+                yield snapshot(session, _status("Running", session, config), eps_text,
+                               rounds_changed=not isinstance(report, StepReport))
     finally:
         reports.close()
     if session.summary is None or session.closed:

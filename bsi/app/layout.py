@@ -12,12 +12,13 @@ its models. Nothing here runs at import; ``app.py`` launches the result.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
 import weakref
 
-from bsi.app import answers, chat, compare, compress, guide, inspect, spectra
+from bsi.app import answers, chat, compare, compress, guide, inspect, spectra, whatif
 from bsi.app.form import Form
 from bsi.app.saved import opening_folders, opening_view, read_saved_run, shipped_spectrum
 from bsi.app.state import JobBoard, Session, Visitors, with_request
@@ -42,7 +43,7 @@ def build_app(preset: str = "tour", sweep_dir: str | None = None, run_dir: str |
 
     Args:
         preset: the preset the Compress form starts from (``tour``: the
-            embedded model in about a minute and a half; ``smoke``: the tiny
+            embedded model in under two minutes; ``smoke``: the tiny
             random model, seconds — what the tests use).
         sweep_dir: the sweep the Compare tab and the Answers tab's sweep view
             open on (default: the sweep shipped in ``data/``; ``""``: none).
@@ -75,11 +76,13 @@ def build_app(preset: str = "tour", sweep_dir: str | None = None, run_dir: str |
                     "inspect each basis' importance, chat with the result next to its dense reference, and read what "
                     "the models answered, problem by problem.")
         session_state = gr.State(Session())
-        with gr.Tabs():
+        with gr.Tabs() as tabs:
             with gr.Tab("Compress", id="compress"):
                 tab = compress.render(board, session_state, defaults, visitors, opening_view(saved, error))
             with gr.Tab("Inspect", id="inspect"):
                 tab.connect(*inspect.render(session_state, csv_folder, saved.rounds if saved else ()))
+            with gr.Tab("What if", id="whatif") as whatif_tab:
+                explore = whatif.render(session_state, board, visitors, saved)
             with gr.Tab("Spectra", id="spectra"):
                 spectra.render(session_state, tab.form, visitors, opening_spectrum)
             with gr.Tab("Chat", id="chat") as chat_tab:
@@ -91,6 +94,13 @@ def build_app(preset: str = "tour", sweep_dir: str | None = None, run_dir: str |
             with gr.Tab("Help", id="help"):
                 guide.render()
         chat_tab.select(chat.sizes_text, session_state, sizes)
+        whatif_tab.select(*explore["refresh"])
+
+        def to_eps(eps_value):  # the form's eps (or the rule's, left as the run used it) shown on one layer
+            shown = gr.skip() if not eps_value or eps_value <= 0 else round(math.log10(float(eps_value)), 1)
+            return gr.Tabs(selected="whatif"), shown
+
+        tab.eps_link.click(to_eps, tab.eps_input, [tabs, explore["eps"]])
         if saved is not None:  # the visitor's session holds the saved run, so Inspect can scrub through it
             demo.load(saved.fill, session_state, None)
         for handler, inputs, outputs in opening.values():  # the Answers views open on the shipped data

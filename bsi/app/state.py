@@ -80,6 +80,10 @@ class Session:
     snapshots: Any = None
     held_out: list = field(default_factory=list)
     tokenizer: Any = None
+    #: the What-if tab's explorer of the rounds shown (bsi.analysis.whatif.WhatIf, made on first use) and its
+    #: eps study of one layer ((round, layer) -> bsi.analysis.whatif.EpsStudy, one at a time)
+    whatif: Any = None
+    eps_studies: dict = field(default_factory=dict)
 
     def reset_run(self) -> None:
         """Forget the previous run (reports and its models) before a new one starts."""
@@ -88,6 +92,7 @@ class Session:
         self.params_before = self.compressible_before = None
         self.compressed = self.original = None
         self.snapshots, self.held_out, self.tokenizer = None, [], None
+        self.whatif, self.eps_studies = None, {}
         self.chats = {}
         self.cancel_requested = False
         gc.collect()
@@ -102,6 +107,7 @@ class Session:
         if self.running:
             self.cancel_requested = True
         self.compressed = self.original = self.spectrum_model = None
+        self.whatif, self.eps_studies = None, {}
         self.chats = {}
         gc.collect()
 

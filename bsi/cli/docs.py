@@ -51,6 +51,9 @@ The generators (:data:`GENERATORS`):
   time, one column per ``data/speed/NAME.json`` from ``bench/run_profile.py``.
 * ``speed-evaluation NAME ...``: the evaluation's variants (decode loop,
   gold draft, bf16) timed by ``bench/speed.py``, from ``data/speed/NAME.json``.
+* ``whatif-speed NAME``: the dashboard's What-if latencies (rule redraw,
+  measure, eps, prepare) and their share of a full run of the same size,
+  timed by ``bench/whatif.py``, from ``data/speed/NAME.json``.
 
 Only ``defaults``, ``preset-costs`` and ``sweeps-side-by-side`` import torch
 (through :mod:`bsi.teaching`, :mod:`bsi.progress` and the statistics of
@@ -71,7 +74,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOC_FILES = ("docs/cli.md", "docs/architecture.md", "docs/benchmarks.md", "README.md", "docs/results/study-quick.md",
              "docs/ecosystem.md", "docs/results/text.md", "docs/results/gemma3-270m-study-quick.md",
-             "docs/results/paper-40x12-one-change-h100.md", "docs/results/study.md")
+             "docs/results/paper-40x12-one-change-h100.md", "docs/results/study.md", "docs/dashboard.md")
 """The files with generated parts, relative to the repository root."""
 
 START = re.compile(r"^<!-- generated: (?P<what>[^()]+?) \(python -m bsi\.cli\.docs\) -->$", re.MULTILINE)
@@ -317,14 +320,47 @@ def preset_cost_table() -> str:
     from bsi.config import PRESET_COSTS
     from bsi.units import duration
 
-    rows = ["| preset | timed | fine-tune cached | empty cache, fine-tune included | measured | what it gives up |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| preset | timed | fine-tune and conversion cached | fine-tune cached | empty cache, fine-tune included | "
+            "measured | what it gives up |", "|---|---|---|---|---|---|---|"]
     for name, cost in PRESET_COSTS.items():
-        cached, uncached = (duration(s) if s else "-" for s in (cost.cached_seconds, cost.uncached_seconds))
+        warm, cached, uncached = (duration(s) if s else "-"
+                                  for s in (cost.warm_seconds, cost.cached_seconds, cost.uncached_seconds))
         measured = cost.measured or ("measured in parts" if cost.source else "-")
         if cost.source:
             measured = f"[{measured}]({cost.source.removeprefix('docs/')})"
-        rows.append(f"| `{name}` | `{cost.command}` | {cached} | {uncached} | {measured} | {_cell(cost.gives_up)} |")
+        rows.append(f"| `{name}` | `{cost.command}` | {warm} | {cached} | {uncached} | {measured} | "
+                    f"{_cell(cost.gives_up)} |")
+    return "\n".join(rows)
+
+
+def whatif_speed(name: str) -> str:
+    """``bench/whatif.py``'s latencies of the What-if tab, from ``data/speed/<name>.json``, with their ratio to a full run.
+
+    One row per latency: the seconds, and the share of the full run of the
+    same size timed in the same process (``-`` where the file has none).
+    """
+    from bsi.units import duration
+
+    result = json.loads((ROOT / "data" / "speed" / f"{name}.json").read_text(encoding="utf-8"))
+    full = result.get("full_run_s")
+
+    def row(label: str, seconds: float) -> str:
+        shown = f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+        share = f"{seconds / full:.2%} ({full / seconds:,.0f}x faster)" if full else "-"
+        return f"| {label} | {shown} | {share} |"
+
+    redraw = result["redraw_s"]
+    rows = ["| what | time | share of a full run |", "|---|---|---|",
+            row(f"rule redraw, median of {redraw['count']} settings", redraw["median"]),
+            row("rule redraw, the slowest", redraw["max"])]
+    rows += [row(f"measure: {label}", seconds) for label, seconds in result["measure_s"].items()]
+    rows += [row(f"eps: {label}", seconds) for label, seconds in result["eps_s"].items()]
+    caches = result["caches"]
+    names = {"finetune": "fine-tune", "conversion": "conversion"}
+    cached = " and ".join(names.get(k, k) for k, v in caches.items() if v) or "nothing"
+    rows.append(row(f"prepare ({cached} cached)", result["prepare_s"]))
+    if full:
+        rows.append(f"| the full run of the same size (the baseline) | {duration(full)} | 100% |")
     return "\n".join(rows)
 
 
@@ -669,7 +705,8 @@ GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": 
                                              "text-runs-side-by-side": text_runs_side_by_side,
                                              "sweeps-side-by-side": sweeps_side_by_side, "sweep-seeds": sweep_seeds,
                                              "sweep-log-rounds": sweep_log_rounds, "run-profiles": run_profiles,
-                                             "speed-evaluation": speed_evaluation, "test-durations": suite_durations}
+                                             "speed-evaluation": speed_evaluation, "test-durations": suite_durations,
+                                             "whatif-speed": whatif_speed}
 
 
 def generate(what: str) -> str:

@@ -171,6 +171,12 @@ def collate(encoded: Sequence[dict[str, list[int]]], pad_id: int) -> dict[str, t
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
+def batch_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """The tokens a model reads in ``batch``: the ones of its ``attention_mask`` (every input id without one)."""
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
+
+
 def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The padding id to collate with (the eos id if the tokenizer has no pad token)."""
     value: int | None = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

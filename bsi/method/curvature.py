@@ -61,7 +61,8 @@ class ProfileResult:
 
     loss: float
     grads: list[torch.Tensor] | None  # each (r_l,) float32 on the layer's device; None if not measured
-    curvatures: list[torch.Tensor] | None  # each (r_l,) float32, zero outside the pool; None if not measured
+    #: each (r_l,) float32; zero outside the pool unless the source ``measures_every_basis``; None if not measured
+    curvatures: list[torch.Tensor] | None
     #: each (r_l,) float32: sum over the batch's examples of their gradient contribution squared, the
     #: variance of ``grads`` (see :class:`~bsi.method.layers.SigmaGradientRecorder`); None if not measured
     grad_squares: list[torch.Tensor] | None = None
@@ -73,10 +74,20 @@ class ProfileResult:
 
 
 class CurvatureSource(Protocol):
-    """What a profiling step measures and how (:class:`Hutchinson`, :class:`Fisher`, :class:`GradientOnly`, ...)."""
+    """What a profiling step measures and how (:class:`Hutchinson`, :class:`Fisher`, :class:`GradientOnly`, ...).
+
+    ``measures_every_basis``: the curvature comes for every active basis at
+    no extra cost (the Fisher's per-example gradients cover them all), not
+    only for the candidate pool the probes are spent on. The pool still
+    limits what a round may remove; the scores outside it let a whole-model
+    cut be planned from one round (:mod:`bsi.analysis.whatif`).
+    """
 
     @property
     def name(self) -> str: ...
+
+    @property
+    def measures_every_basis(self) -> bool: ...
 
     def profile(self, model: nn.Module, layers: Sequence[BasisLinear], pools: Sequence[torch.Tensor], batch: Batch,
                 loss_fn: LossFn, generator: torch.Generator | None) -> ProfileResult | None: ...
@@ -289,6 +300,7 @@ class Hutchinson:
     probes: int = 1
     center: str = "exact"
     name: str = "hutchinson"
+    measures_every_basis: bool = False  # probes are spent on the pool only
 
     def profile(self, model: nn.Module, layers: Sequence[BasisLinear], pools: Sequence[torch.Tensor], batch: Batch,
                 loss_fn: LossFn, generator: torch.Generator | None) -> ProfileResult | None:
@@ -329,6 +341,7 @@ class Fisher:
     """Fisher diagonal from per-example gradients: true labels (``sampled=False``) or the model's own (``True``)."""
 
     sampled: bool = False
+    measures_every_basis: bool = True  # per-example gradients exist for every basis: no reason to mask them
 
     @property
     def name(self) -> str:
@@ -353,7 +366,9 @@ class Fisher:
                 squares = [recorder.squares(layer) for layer in layers]
         else:
             squares = grad_squares
-        curvatures = [inside_pool(square * count, pool) for square, pool in zip(squares, pools)]  # N * sum_b g_b^2
+        curvatures = [square * count for square in squares]  # N * sum_b g_b^2, every basis (the pool limits the cut)
+        if not self.measures_every_basis:  # as the pool-only sources report it
+            curvatures = [inside_pool(c, pool) for c, pool in zip(curvatures, pools)]
         if not _finite(*curvatures):
             return None
         return ProfileResult(float(loss), grads, curvatures, grad_squares)
@@ -364,6 +379,7 @@ class GradientOnly:
     """The gradient alone (for scores without a curvature term)."""
 
     name: str = "gradient"
+    measures_every_basis: bool = False  # no curvature at all
 
     def profile(self, model: nn.Module, layers: Sequence[BasisLinear], pools: Sequence[torch.Tensor], batch: Batch,
                 loss_fn: LossFn, generator: torch.Generator | None) -> ProfileResult | None:
@@ -378,6 +394,7 @@ class NothingToMeasure:
     """For scores that read only sigma (basel): a profiling step measures nothing and costs nothing."""
 
     name: str = "none"
+    measures_every_basis: bool = False
 
     def profile(self, model: nn.Module, layers: Sequence[BasisLinear], pools: Sequence[torch.Tensor], batch: Batch,
                 loss_fn: LossFn, generator: torch.Generator | None) -> ProfileResult | None:

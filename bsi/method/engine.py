@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from bsi.config import CompressConfig
+from bsi.data.batches import batch_tokens
 from bsi.errors import BSIError
 from bsi.method.bases import InputStatistics, whitened_bases
 from bsi.method.curvature import (
@@ -314,17 +315,27 @@ class Compressor:
     def converted(self) -> bool:
         return bool(self.layers)
 
-    def convert(self) -> Iterator[StepReport]:
+    def convert(self, known_bases: Callable[[str, nn.Linear], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+                | None = None) -> Iterator[StepReport]:
         """Write every compressible layer in the Basel form; with whitened bases, calibrate first.
 
         Whitened bases need the covariance of each layer's inputs: the first
         ``calibration_batches`` batches run forward (no gradient), yielding a
         ``calibrate`` StepReport each. Summed across processes, so every rank
         computes the same bases.
+
+        ``known_bases``: each layer's bases as an earlier conversion of the
+        same model made them (:mod:`bsi.pipeline.bases_cache`); the
+        calibration batches are then drawn and left unused, so the batches
+        after them are the ones a conversion from scratch would leave.
         """
         cfg = self.config
         bases = None
-        if cfg.bases == "whitened":
+        if known_bases is not None:
+            for _ in range(cfg.calibration_batches if cfg.bases == "whitened" else 0):
+                next(self.batches)
+            bases = known_bases
+        elif cfg.bases == "whitened":
             modules = {n: self.model.get_submodule(n) for n in compressible_linear_names(self.model)}
             stats = InputStatistics(modules)
             with stats, evaluation_mode(self.model), torch.no_grad():
@@ -461,7 +472,8 @@ class Compressor:
             self.skipped += 1
             self._check_skips()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepReport("train", self.iteration, total, float(loss.detach()), self._elapsed(), skipped=not finite)
+        return StepReport("train", self.iteration, total, float(loss.detach()), self._elapsed(), skipped=not finite,
+                          tokens=batch_tokens(batch))
 
     def _empty_stats(self, pools: dict[str, torch.Tensor]) -> dict[str, _LayerStats]:
         """Zero gradient, curvature and variance sums (r,) float32 per layer, with the given pools."""
@@ -559,7 +571,8 @@ class Compressor:
         """Choose the round's candidate pools (from the tuned sigma), widened if its budget needs it.
 
         The tuning steps' sums (score window ``round``) carry over; their
-        curvature only inside the pools, where profiling measures it too.
+        curvature only where profiling measures it too: inside the pools, or
+        everywhere for a source that measures every basis (the Fisher).
         Returns the per-layer sums, pools set (benchmarks profile from here).
         """
         sums = self._sums() if sums is None else sums
@@ -568,9 +581,11 @@ class Compressor:
         if budget is not None:
             rho = widen_pools(rho, lambda r: {n: p.cpu() for n, p in self._pools(r).items()}, self.shapes(), *budget)
         pools = self._pools(rho)
+        everywhere = self.source.measures_every_basis  # else the probes measure the pool only: keep the sums alike
         for n in self.names:
             tuned = sums.layers[n]
-            sums.layers[n] = _LayerStats(tuned.grad, inside_pool(tuned.curvature, pools[n]), pools[n], tuned.grad_squares)
+            curvature = tuned.curvature if everywhere else inside_pool(tuned.curvature, pools[n])
+            sums.layers[n] = _LayerStats(tuned.grad, curvature, pools[n], tuned.grad_squares)
         sums.profiling = True
         return sums.layers
 
@@ -666,6 +681,8 @@ class Compressor:
                 hessian=_cpu_copy(st.curvature), importance=_cpu_copy(st.importance),
                 terms={k: _cpu_copy(v) for k, v in st.terms.items()}, pool=pools[n], pruned=pruned[n].cpu(),
                 rank_before=before, rank_after=layer.rank, params_after=layer.stored_parameters(),
+                in_features=layer.in_features, out_features=layer.out_features, aux_rank=layer.aux_rank,
+                bias=layer.bias is not None,
             ))
         loss_after = self._monitor_loss()
         now, _ = compressible_parameters(self.model)
@@ -679,6 +696,7 @@ class Compressor:
             skipped_batches=self.skipped, elapsed=self._elapsed(),
             removed=sum(r.rank_before - r.rank_after for r in reports), loss_before=loss_before,
             loss_after=loss_after, curvature=self.source.name, score=self.score.name,
+            curvature_scope=("all" if self.source.measures_every_basis else "pool") if self.score.needs_curvature else "",
             significant_gradients=tested[0] / tested[1] if tested[1] else float("nan"),
             stop=self.round_stop(self.round_index),
         )

@@ -6,9 +6,11 @@ Two size modes (``SizeRule.mode``, the configuration's ``size``):
   its candidate pool that hold a share ``KeepRatio ** (1/T)`` of the pool's
   positive importance (:func:`bsi.method.scores.mass_rule_keep_count`).
 * ``target``: a parameter *budget* per round. A layer's stored size only falls
-  below its dense size once it has lost about half its rank (factors cost
-  ``r (in + out)``), so budgets in stored parameters would force the first
-  round to remove half of every layer at once. The rounds therefore budget in
+  below its dense size once it keeps fewer than its break-even rank
+  ``in * out / (in + out) - a`` bases (factors cost ``r (in + out)``): half
+  the rank of a square layer, 73-75% of it for the embedded model's others.
+  Budgets in stored parameters would therefore force the first round to
+  remove a quarter to a half of every layer at once. The rounds therefore budget in
   *factor* parameters, shrinking geometrically from the full-rank factors to
   the final size (:func:`gradual_budgets`), and only the last round's budget
   is the stored-size target itself. Each round then removes about the same
@@ -110,9 +112,9 @@ def path_budgets(start_factor: int, stops_stored: Sequence[int], rounds: int) ->
     ``stops_stored``; None for the rounds in between).
 
     The first segment's intermediate rounds budget *factor* parameters: a
-    layer's stored size only falls below its dense size once it has lost
-    about half its rank, so stored budgets would make one round remove half
-    of every layer. Later segments start below that point, so they budget
+    layer's stored size only falls below its dense size below its break-even
+    rank (:func:`~bsi.method.layers.break_even_rank`), so stored budgets would
+    make one round remove a quarter to a half of every layer. Later segments start below that point, so they budget
     stored parameters throughout.
     """
     stops = [int(s) for s in stops_stored]
@@ -172,6 +174,43 @@ def parameters_after(shapes: Mapping[str, LayerShape], pruned: Mapping[str, torc
     return sum(s.cost(s.rank - pruned[n].numel(), measure) for n, s in shapes.items())
 
 
+class _LayerOrder:
+    """One layer's pool sorted once, so that a budget's bisection asks only for counts.
+
+    ``ascending``: the pool's positions from the least important up (stable,
+    as :func:`least_important` takes them); ``mass``: the running sum of the
+    positive importance in descending order, and ``total`` its end, as
+    :func:`bsi.method.scores.mass_rule_keep_count` computes them.
+    """
+
+    def __init__(self, importance: torch.Tensor, pool: torch.Tensor) -> None:
+        values = importance[pool].float()  # (p,)
+        self.pool = pool
+        self.size = pool.numel()
+        self.ascending = pool[torch.argsort(values, stable=True)]  # (p,)
+        descending = values.sort(descending=True).values
+        positive = descending.clamp(min=0)
+        self.mass = torch.cumsum(positive, dim=0)  # (p,)
+        self.total = positive.sum()
+        self.positives = int((descending > 0).sum())
+
+    def kept_by_mass(self, keep_fraction: float) -> int:
+        """:func:`~bsi.method.scores.mass_rule_keep_count` of the pool, from the sorted sums (the same count)."""
+        if self.size == 0:
+            return 0
+        if keep_fraction > 1:
+            rest = self.size - self.positives
+            return self.positives + math.ceil(min(keep_fraction - 1, 1.0) * rest - 1e-9)
+        if self.total <= 0 or keep_fraction <= 0:
+            return 0
+        threshold = keep_fraction * self.total * (1 - 1e-6)
+        return int(torch.searchsorted(self.mass, threshold.reshape(1)).item()) + 1
+
+    def lowest(self, count: int) -> torch.Tensor:
+        """:func:`least_important`: the ``count`` least important pool positions, ascending by position."""
+        return self.ascending[: max(count, 0)].sort().values
+
+
 def mass_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, torch.Tensor],
                    pools: Mapping[str, torch.Tensor], budget: int, measure: str,
                    caps: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
@@ -180,25 +219,36 @@ def mass_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, to
     ``q`` in (1, 2] keeps every positive basis and a share ``q - 1`` of the
     negative ones (see :func:`bsi.method.scores.mass_rule_keep_count`), so the
     family reaches from pruning every pool (q = 0) to pruning nothing (q = 2).
+    The cut at each ``q`` is :func:`mass_selection`'s; each layer's pool is
+    sorted once, so a step of the bisection only counts.
     """
-    def at(q: float) -> dict[str, torch.Tensor]:
-        return mass_selection(importance, pools, q, caps)
+    orders = {n: _LayerOrder(importance[n], pool) for n, pool in pools.items()}
+
+    def removed_at(q: float) -> dict[str, int]:
+        counts = {n: o.size - o.kept_by_mass(q) for n, o in orders.items()}
+        return counts if caps is None else {n: min(c, caps[n]) for n, c in counts.items()}
+
+    def params(counts: Mapping[str, int]) -> int:
+        return sum(shapes[n].cost(shapes[n].rank - counts[n], measure) for n in counts)
+
+    def at(counts: Mapping[str, int]) -> dict[str, torch.Tensor]:
+        return {n: orders[n].lowest(c) for n, c in counts.items()}
 
     lo, hi = 0.0, 2.0
-    if parameters_after(shapes, at(hi), measure) <= budget:
-        return at(hi)
-    if parameters_after(shapes, at(lo), measure) >= budget:
-        return at(lo)
+    if params(removed_at(hi)) <= budget:
+        return at(removed_at(hi))
+    if params(removed_at(lo)) >= budget:
+        return at(removed_at(lo))
     for _ in range(40):  # invariant: params(lo) < budget <= params(hi)
         mid = (lo + hi) / 2
-        if parameters_after(shapes, at(mid), measure) < budget:
+        if params(removed_at(mid)) < budget:
             lo = mid
         else:
             hi = mid
-    best_lo, best_hi = at(lo), at(hi)
-    gap_lo = abs(parameters_after(shapes, best_lo, measure) - budget)
-    gap_hi = abs(parameters_after(shapes, best_hi, measure) - budget)
-    return best_lo if gap_lo <= gap_hi else best_hi
+    best_lo, best_hi = removed_at(lo), removed_at(hi)
+    gap_lo = abs(params(best_lo) - budget)
+    gap_hi = abs(params(best_hi) - budget)
+    return at(best_lo) if gap_lo <= gap_hi else at(best_hi)
 
 
 def global_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, torch.Tensor],
@@ -209,7 +259,9 @@ def global_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, 
     The candidates are ordered by ``importance / (in + out)`` ascending; a
     layer's candidates beyond its cap are skipped. The smallest prefix of that
     order that reaches the budget is pruned (or, if the budget lies between two
-    prefixes, the one closer to it).
+    prefixes, the one closer to it). The bisection over the prefix length
+    counts each layer's removals (a ``bincount``); the positions are gathered
+    once, for the prefix chosen.
     """
     names = list(pools)
     values, owners, positions = [], [], []
@@ -229,21 +281,28 @@ def global_to_budget(shapes: Mapping[str, LayerShape], importance: Mapping[str, 
     value, owner, position = torch.cat(values), torch.cat(owners), torch.cat(positions)
     order = torch.argsort(value, stable=True)  # global, least valuable first
     owner, position = owner[order], position[order]
+    full = [shapes[n].cost(shapes[n].rank, measure) for n in names]
+    per_rank = {n: [shapes[n].cost(shapes[n].rank - c, measure) for c in range(shapes[n].rank + 1)]
+                if pools[n].numel() else [] for n in names}
+
+    def params(k: int) -> int:
+        counts = torch.bincount(owner[:k], minlength=len(names)).tolist()
+        return sum(per_rank[n][c] if c else full[i] for i, (n, c) in enumerate(zip(names, counts)))
 
     def at(k: int) -> dict[str, torch.Tensor]:
         return {n: position[:k][owner[:k] == i].sort().values for i, n in enumerate(names)}
 
     lo, hi = 0, owner.numel()  # params(at(k)) decreases with k
-    if parameters_after(shapes, at(hi), measure) >= budget:
+    if params(hi) >= budget:
         return at(hi)
     while hi - lo > 1:  # invariant: params(at(lo)) > budget >= params(at(hi))
         mid = (lo + hi) // 2
-        if parameters_after(shapes, at(mid), measure) > budget:
+        if params(mid) > budget:
             lo = mid
         else:
             hi = mid
-    gap_lo = abs(parameters_after(shapes, at(lo), measure) - budget)
-    gap_hi = abs(parameters_after(shapes, at(hi), measure) - budget)
+    gap_lo = abs(params(lo) - budget)
+    gap_hi = abs(params(hi) - budget)
     return at(lo) if gap_lo < gap_hi else at(hi)
 
 

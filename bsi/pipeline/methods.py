@@ -96,6 +96,8 @@ class EngineRun:
         resume: the state to continue from, or None for a fresh start.
         after_round: called with the compressor, its batch stream and each round's report before anyone
             else sees the report (the run records and checkpoints it there).
+        bases_cache: where this conversion's bases are kept (:class:`~bsi.pipeline.bases_cache.BasesCache`);
+            None: convert from scratch and keep nothing.
     """
 
     train_loss: Callable[[nn.Module, dict], torch.Tensor] = answer_token_loss
@@ -105,6 +107,7 @@ class EngineRun:
     sharding: Any = None
     resume: EngineResume | None = None
     after_round: Callable[[Compressor, Any, RoundReport], None] | None = None
+    bases_cache: Any = None
 
 
 @dataclass
@@ -184,7 +187,7 @@ class EngineMethod:
             stream.load_state_dict(run.resume.stream)
             yield StageReport("compress", "resume", f"after round {run.resume.rounds_done}")
         else:
-            yield from compressor.convert()
+            yield from _convert(compressor, run.bases_cache)
         if run.sharding is not None:
             from bsi.pipeline.fsdp import refuse_double_backward
 
@@ -200,6 +203,23 @@ class EngineMethod:
                 if isinstance(report, RoundReport) and report.stop is not None:
                     yield size_report(context.model, report.stop)
         context.notes.extend(compressor.notes)
+
+
+def _convert(compressor: Compressor, cache: Any) -> Iterator[Report]:
+    """The engine's conversion, from the conversion cache when it holds this one (and kept there when it did not)."""
+    import time
+
+    from bsi.pipeline.bases_cache import bases_by_name
+
+    saved = cache.load() if cache is not None else None
+    if saved is not None:
+        yield from compressor.convert(known_bases=bases_by_name(saved))
+        yield StageReport("convert", "end", str(cache.folder), cached=True)  # "convert: cached <folder>"
+        return
+    start = time.perf_counter()
+    yield from compressor.convert()
+    if cache is not None:
+        cache.save(compressor.layers, time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------- SVD family

@@ -417,6 +417,17 @@ class Pipeline:
         """Where this run's fine-tuned dense model is cached: under its :func:`finetune_cache_key`."""
         return finetune_cache_folder(finetune_cache_key(self.config, self.dtype, self.autocast), self.cache_dir)
 
+    @property
+    def bases_cache(self) -> Any:
+        """Where this run's conversion is cached (:mod:`bsi.pipeline.bases_cache`): keyed on the model it converts."""
+        from bsi.pipeline.bases_cache import BasesCache, bases_cache_inputs
+
+        cfg = self.config
+        finetuned = not (cfg.skip_finetune or cfg.finetune.steps == 0)
+        key = finetune_cache_key(cfg, self.dtype, self.autocast)
+        return BasesCache.under(cache_root(self.cache_dir),
+                                bases_cache_inputs(key, finetuned, cfg.compress, self.device.type))
+
     def finetune_stage(self) -> Iterator[Report]:
         """Stage 1: dense task fine-tuning, cached by a hash of its inputs."""
         cfg = self.config
@@ -568,6 +579,8 @@ class Pipeline:
             if self._resume is not None:
                 tensors, position = self._own_state(*self._resume)
                 engine.resume = EngineResume(tensors, self._resume[1]["compressor"], position, len(self.round_log))
+            elif engine.sharding is None and not self.dist.enabled:
+                engine.bases_cache = self.bases_cache
         return MethodContext(self.model, cfg, self.config.seed, self.stream, self.dist, self.baseline, engine,
                              self.notes)
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from bsi.data import BatchStream
+from bsi.data.batches import batch_tokens
 from bsi.errors import BSIError
 from bsi.pipeline.losses import answer_token_loss
 from bsi.reports import StepReport
@@ -150,7 +151,8 @@ def _steps(
         for step in range(1, steps + 1):
             for group in optimizer.param_groups:
                 group["lr"] = lr * lr_factor(step, steps, warmup_steps)
-            loss = loss_fn(model, next(stream))  # float32 scalar
+            batch = next(stream)
+            loss = loss_fn(model, batch)  # float32 scalar
             finite = bool(torch.isfinite(loss))
             if loss.requires_grad:  # also when not finite: multi-process gradient hooks need every rank
                 loss.backward()
@@ -169,6 +171,7 @@ def _steps(
                 loss=float(loss.detach()),
                 elapsed=time.perf_counter() - start,
                 skipped=not finite,
+                tokens=batch_tokens(batch),
             )
     finally:
         masters.zero_grad()

@@ -56,6 +56,7 @@ import copy
 import math
 import time
 
+import ipywidgets as widgets
 import plotly.graph_objects as go
 import torch
 from IPython.display import Markdown, display
@@ -64,7 +65,7 @@ from transformers.utils import logging as hf_logging
 
 import bsi.analysis.ranking
 import bsi.method.curvature
-from bsi.analysis.figures import ranking_figure
+from bsi.analysis.figures import eps_figure, ranking_figure
 from bsi.analysis.ranking import measure_round
 from bsi.analysis.stats import Outcomes, paired_difference
 from bsi.data import BatchStream
@@ -77,11 +78,13 @@ from bsi.pipeline.baselines import input_statistics
 from bsi.pipeline.evaluate import evaluate
 from bsi.pipeline.losses import answer_token_loss
 from bsi.pipeline.runner import Pipeline
+from bsi.pipeline.whatif import EpsStudy
 from bsi.reports import StageReport
 from bsi.teaching import (
     defaults_table_markdown,
     doc_markdown,
     loss_change_when_dropped,
+    markdown_rows,
     notebook_settings,
     profile_rows,
     result_of,
@@ -423,6 +426,57 @@ print(f"error near the rule's eps ({settings.eps_values[nearest]:.0e}): {rel_by_
 # whether this range reaches that point (exercise 2 tries 0.99). The dotted
 # line is the rule's `eps` from the whole model's `sigma_max`.
 #
+# **What eps does to the layer's ranking.** The curve above follows one probe
+# against its own target. What matters to the method is the *diagonal*
+# estimate averaged over batches, and which bases it keeps.
+# `bsi.pipeline.whatif.EpsStudy` (the dashboard's *What if* tab runs the same)
+# estimates this layer's whole diagonal by Hutchinson's method at one `eps`
+# (one probe on each batch), beside the Fisher on the same batches and the
+# exact diagonal at the 8 largest coefficients, and ranks the layer with each:
+# the score's curvature term `1/2 sigma^2 h` alone here (the gradient term is
+# left out: the default's z-test passes almost none, walkthrough 03), keeping
+# as many bases as a cut of half the candidate pool would. A static series
+# first, measured when this notebook ran:
+
+# %%
+eps_study = EpsStudy(model, name, batches, loss_fn, torch.zeros(layer.rank), keep=layer.rank - pool.numel() // 2)
+eps_series = sorted({1e-6, 1e-4, float(f"{eps:.1e}"), 1e-2, 0.5})
+for e in eps_series:
+    eps_study.at(e)
+display(Markdown(markdown_rows([{"eps": f"{p.eps:.1e}" + (" (the rule)" if p.eps == float(f"{eps:.1e}") else ""),
+                         "error at the 8 largest": f"{p.error:.2g}", "negative estimates":
+                         f"{int((p.curvature < 0).sum())} of {p.curvature.numel()}",
+                         "kept bases that differ from the Fisher's": f"{p.kept_changed} of {eps_study.keep}",
+                         "rank correlation with the Fisher's ranking": f"{p.spearman:+.3f}", "time": f"{p.seconds:.1f} s"}
+                        for p in eps_study.points.values()])))
+print(f"the Fisher's error at the same 8: {eps_study.fisher_error:.2g}; the layer's setup (Fisher and exact diagonal) "
+      f"took {eps_study.setup_seconds:.1f} s")
+eps_figure(eps_study, eps_series[-1], eps).show()
+
+# %% [markdown]
+# **Your own eps.** Move the slider (log10 of eps) and press *Estimate*: about
+# ten seconds a value on the embedded model; each value joins the error curve.
+
+# %%
+eps_slider = widgets.FloatSlider(value=round(math.log10(eps), 1), min=-7, max=-0.1, step=0.1,
+                                 description="log10 eps", continuous_update=False)
+eps_button = widgets.Button(description="Estimate")
+eps_out = widgets.Output()
+
+
+def on_eps(_):
+    point = eps_study.at(float(10 ** eps_slider.value))
+    with eps_out:
+        eps_out.clear_output(wait=True)
+        print(f"eps {point.eps:.2g}: error {point.error:.2g} (Fisher {eps_study.fisher_error:.2g}), "
+              f"{point.kept_changed} of {eps_study.keep} kept bases differ from the Fisher's, {point.seconds:.1f} s")
+        eps_figure(eps_study, point.eps, eps).show()
+
+
+eps_button.on_click(on_eps)
+display(widgets.VBox([widgets.HBox([eps_slider, eps_button]), eps_out]))
+
+# %% [markdown]
 # ## 4. The candidate pool
 #
 # Scoring every basis of every layer would waste probes (and variance) on bases
@@ -765,6 +819,22 @@ display(Markdown(
 # unflattering results first.
 
 # %%
+def eps_reading(study, rule_eps: float) -> str:
+    """Section 3's eps series in words: where Hutchinson's diagonal is closest to the exact one, and what it moves."""
+    points = sorted(study.points.values(), key=lambda p: p.eps)
+    best = min(points, key=lambda p: p.error)
+    rule = min(points, key=lambda p: abs(math.log(p.eps / rule_eps)))
+    falls = points[-1] is best
+    return (f"* **eps on the layer's diagonal** ({len(study.batches)} batches, one probe each): Hutchinson's error "
+            f"against the exact diagonal at the 8 largest coefficients went from {points[0].error:.2g} at eps "
+            f"{points[0].eps:.0e} to {points[-1].error:.2g} at {points[-1].eps:g}"
+            + (", falling all the way: no valley in this range (round-off shrinks, the third-order terms never show)"
+               if falls else f", lowest ({best.error:.2g}) at {best.eps:.0e}")
+            + f"; at the rule's {rule.eps:.1e} it was {rule.error:.2g}, the Fisher's {study.fisher_error:.2g}. "
+            f"Ranked with it, {rule.kept_changed} of the {study.keep} kept bases differ from the Fisher's choice "
+            f"(rank correlation {rule.spearman:+.3f}). One layer, two batches.")
+
+
 first_round = versus[0]
 one_probe = measured[0]  # Hutchinson's relative error with one probe (section 3)
 effect = ("hurt" if not helped else "barely helped" if prediction_error["bsi"] > 0.5 * prediction_error["bsi-grad"]
@@ -803,6 +873,7 @@ said = [
      + (f"Both are far below the noise of one probe against the diagonal ({one_probe:.0%}), so inside the valley "
         "the choice of eps does not matter." if rel_by_eps[nearest] < 0.1 * one_probe else
         f"The rule's value is not in the valley here: its error is comparable with one probe's noise ({one_probe:.0%}).")),
+    eps_reading(eps_study, eps),
     (f"* **BSI and Basel disagree** on {len(pruned['bsi'] ^ pruned['basel'])} of the {pool.numel()} pool bases of "
      f"one layer (rank correlation of the two scores over the pool {spearman:+.2f}); {negative:.0%} of the pool "
      "had a negative score."),
@@ -837,9 +908,11 @@ print(f"Result: on {name} of the fine-tuned model, Hessian diagonal on {position
 #   part without bias; the empirical Fisher (bsi's default) costs nothing extra
 #   and is never negative, but estimates neither the Hessian nor the
 #   Gauss-Newton part in general.
-# * `eps` has a valley: too small and float32 round-off of the two gradients
-#   dominates, too large and the third-order terms do. The rule takes it from
-#   the whole model's largest coefficient.
+# * `eps` trades two errors: too small and float32 round-off of the two
+#   gradients dominates, too large and the third-order terms do. On this
+#   layer the error kept falling up to the largest eps tried, so the second
+#   never showed ("What the data say"). The rule takes eps from the whole
+#   model's largest coefficient.
 # * Only a candidate pool of the smaller bases is scored; every score prunes
 #   the same budget, and BSI and Basel's `|sigma_i|` disagree on which bases go.
 # * A cut is two decisions: how many bases each layer loses, and which ones.

@@ -13,6 +13,8 @@
 # * the loss and the task accuracy along the way, and the recovery of the factors;
 # * any round and any layer in detail, and the paper's KeepRatio rule on a real
 #   layer, with widgets;
+# * what one cut of the whole model at once, planned from one round's scores,
+#   would cost, measured against the run's own gradual rounds (with widgets);
 # * and finally the model's answers in a chat, before and after.
 #
 # The pruning stage and its size rule, in the words of their docstrings (the
@@ -30,8 +32,11 @@ from IPython.display import HTML, Markdown, display
 from plotly.subplots import make_subplots
 from transformers.utils import logging as hf_logging
 
+from bsi.analysis.figures import whatif_curve_figure
+from bsi.analysis.ranking import RoundSnapshots
 from bsi.analysis.spectrum import layer_kind
 from bsi.analysis.stats import Outcomes, paired_difference, value_interval
+from bsi.analysis.whatif import RANK_LABELS
 from bsi.chat import ChatSession
 from bsi.config import CompressConfig, RecoverConfig, SizeRule
 from bsi.data import extract_answer
@@ -40,9 +45,10 @@ from bsi.method.schedule import gradual_budgets
 from bsi.method.scores import candidate_pool, get_score, mass_rule_keep_count, pool_rho, select_pruned
 from bsi.method.surgery import compressible_parameters, model_parameters
 from bsi.pipeline.runner import Pipeline
+from bsi.pipeline.whatif import WhatIf
 from bsi.reports import EvalReport, RoundReport, StageReport, StepReport
 from bsi.shipped import shipped_run
-from bsi.teaching import block_index, doc_markdown, notebook_settings, rank_history, rank_table
+from bsi.teaching import block_index, doc_markdown, markdown_rows, notebook_settings, rank_history, rank_table
 
 display(Markdown(doc_markdown(CompressConfig, title=False, paragraphs=1)))
 display(Markdown(doc_markdown(SizeRule, title=False, paragraphs=2)))
@@ -50,10 +56,7 @@ display(Markdown(doc_markdown(SizeRule, title=False, paragraphs=2)))
 
 def markdown_table(rows: list[dict]) -> Markdown:
     """A list of dicts (values already formatted as text) as a Markdown table."""
-    head = list(rows[0])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
-    return Markdown("\n".join(lines))
+    return Markdown(markdown_rows(rows))
 
 
 def short(name: str) -> str:
@@ -95,6 +98,8 @@ display(Markdown(
     f"curvature `{c.curvature}`; recovery {config.recover.steps} steps; {config.eval_examples} test problems "
     "answered at each evaluation."))
 pipeline = Pipeline(config)  # no out_dir: everything stays in memory
+snapshots = RoundSnapshots()  # every round's model before its cut, for section 9's what-ifs
+pipeline.before_cut = snapshots.capture
 history, finetune_losses = [], []
 
 
@@ -600,7 +605,98 @@ display(Markdown(
     "each of the `T` rounds."))
 
 # %% [markdown]
-# ## 9. After: the same questions
+# ## 9. What if the whole model were cut at once?
+#
+# Every round scores every basis, so one round's scores already say, for any
+# size, which bases a cut of that size would take and what it is predicted to
+# cost: the sum of their importance. The run kept each round's model before its
+# cut (`RoundSnapshots`, set up in section 1), so such a cut can also be
+# *measured*: the bases' coefficients set to zero, the held-out loss scored,
+# no retraining. `bsi.analysis.whatif` plans, `bsi.pipeline.whatif` measures; the dashboard's *What if* tab
+# is the same code.
+
+# %%
+display(Markdown(doc_markdown(WhatIf, title=False, paragraphs=2)))
+whatif = WhatIf(rounds, snapshots, pipeline.task.test[: config.eval_examples], tokenizer, answered=0)
+first = rounds[0].round
+
+# %% [markdown]
+# **A static series** (measured when this notebook ran, so the page reads
+# without running anything): from round 1's scores, one cut straight to the
+# run's own final size and one deeper, each filled by bsi's importance, by
+# `|sigma|` and at random (the same size: only *which* bases go differs),
+# beside the run's own model after each of its cuts (its gradual schedule
+# and the tuning between rounds, no recovery).
+
+# %%
+own_size = rounds[-1].compressible_ratio
+series = []
+for size in (round(own_size, 2), round(own_size * 0.75, 2)):
+    for rank_by in ("bsi", "magnitude", "random"):
+        series.append(whatif.measure(whatif.plan(first, "target", size, rank_by), first))
+path = [whatif.path_point(r.round) for r in rounds]
+def rise_text(estimate) -> str:
+    """A measured rise with its paired 95% interval over the held-out problems."""
+    return f"{estimate.estimate:+.4f} [{estimate.low:+.4f}, {estimate.high:+.4f}]"
+
+
+start_loss = whatif.uncut(first)
+display(markdown_table(
+    [{"cut": f"one shot from round {first}: {RANK_LABELS[p.cut.rank_by]}", "whole model": f"{p.cut.compression:.2f}x",
+      "compressible layers": f"{p.cut.compressible_ratio:.1%}", "predicted rise": f"{p.cut.predicted:.4f}",
+      "measured rise [95%]": rise_text(p.rise()), "held-out loss": f"{p.measurement.loss:.4f}"} for p in series]
+    + [{"cut": f"the run after round {q.round} (rounds + tuning)", "whole model": f"{q.compression:.2f}x",
+        "compressible layers": f"{q.compressible_ratio:.1%}", "predicted rise": f"{q.predicted:.4f}",
+        "measured rise [95%]": rise_text(q.measurement.loss_minus(start_loss)),
+        "held-out loss": f"{q.measurement.loss:.4f}"} for q in path]))
+whatif_curve_figure(series, path).show()
+
+# %% [markdown]
+# **Your own what-if.** Move the size and change the ranking: the kept share
+# of every layer and the predicted loss rise follow at once (a pure function
+# of the scores); *Measure* scores the held-out problems with that cut (a few
+# seconds on the embedded model) and adds the point to the table below it.
+
+# %%
+size_slider = widgets.FloatSlider(value=round(own_size, 2), min=0.05, max=1.0, step=0.01, description="target",
+                                  continuous_update=False)
+rank_pick = widgets.ToggleButtons(options=[(RANK_LABELS[r], r) for r in ("bsi", "magnitude", "gradient", "random")],
+                                  value="bsi", description="rank by")
+measure_button = widgets.Button(description="Measure")
+plan_info, measured_info = widgets.HTML(), widgets.HTML()
+kept_share = go.FigureWidget([go.Bar(name=kind_label[kind]) for kind in kind_label],
+                             layout={"height": 320, "barmode": "group", "template": "plotly_white",
+                                     "xaxis_title": "block", "yaxis_title": "share of the layer's bases kept",
+                                     "yaxis_range": [0, 1.02], "margin": {"t": 30}})
+
+
+def show_plan(*_):
+    cut = whatif.plan(first, "target", size_slider.value, rank_pick.value)
+    with kept_share.batch_update():
+        for trace, kind in zip(kept_share.data, kind_label):
+            names = [n for n in cut.ranks if n.endswith(kind)]
+            trace.x = [str(block_index(n)) for n in names]
+            trace.y = [cut.kept[n] / max(cut.ranks[n], 1) for n in names]
+    plan_info.value = (f"{cut.compression:.2f}x smaller whole model (compressible layers at "
+                       f"{cut.compressible_ratio:.1%}), {cut.removed:,} bases removed, <b>predicted loss rise "
+                       f"{cut.predicted:.4f}</b>")
+    return cut
+
+
+def on_measure(_):
+    point = whatif.measure(show_plan(), first)
+    measured_info.value += (f"<br>{point.label}: held-out loss {point.measurement.loss:.4f}, measured rise "
+                            f"{point.measured:+.4f} against the predicted {point.cut.predicted:.4f}")
+
+
+size_slider.observe(show_plan, "value")
+rank_pick.observe(show_plan, "value")
+measure_button.on_click(on_measure)
+show_plan()
+display(widgets.VBox([widgets.HBox([size_slider, measure_button]), rank_pick, plan_info, kept_share, measured_info]))
+
+# %% [markdown]
+# ## 10. After: the same questions
 #
 # The compressed model is an ordinary transformers model now (its layers are
 # `LowRankLinear` factors or plain `nn.Linear`), so it chats as before.
@@ -630,6 +726,27 @@ print(f"Result: {params_before:,} -> {params_after:,} parameters ({params_before
 # ## What the data say
 
 # %%
+def whatif_reading(series, path) -> str:
+    """Section 9's static series in words: the one-shot cuts at the run's size against the run's own model."""
+    own = {p.cut.rank_by: p for p in series[:3]}
+    last = path[-1]
+    gap = own["bsi"].measurement.loss_minus(last.measurement)  # one shot minus the run's own, paired
+    order = sorted(own.values(), key=lambda p: p.measurement.loss)
+    held = "; ".join(f"{RANK_LABELS[p.cut.rank_by]} predicted {p.cut.predicted:.4f}, measured {rise_text(p.rise())}"
+                     for p in own.values())
+    verdict = ("the rounds bought" if gap.estimate > 0 else "the rounds cost") + (
+        "" if gap.excludes_zero else " (within noise:")
+    return (f"* **One cut or rounds** (section 9, {len(whatif.examples)} held-out problems, one run, paired 95% "
+            f"intervals over the problems): at the run's own size ({last.compressible_ratio:.0%} of the compressible "
+            f"layers), cutting round {first}'s model at once by bsi's scores gave a held-out loss of "
+            f"{own['bsi'].measurement.loss:.4f}, the run's own model after its {len(path)} rounds "
+            f"{last.measurement.loss:.4f} (no recovery in either): {verdict} {abs(gap.estimate):.4f} of loss, "
+            f"[{gap.low:+.4f}, {gap.high:+.4f}]" + ("" if gap.excludes_zero else ")") + ". At that size the "
+            f"rankings order as {', '.join(RANK_LABELS[p.cut.rank_by] for p in order)} (lowest loss first); {held}. "
+            "Where a measured rise is far above its prediction, the cut is too large for the second-order, "
+            "one-basis-at-a-time estimate: the removed bases interact.")
+
+
 cuts = [r.loss_after - r.loss_before for r in rounds]
 won_back = [rounds[t].loss_before - rounds[t - 1].loss_after for t in range(1, len(rounds))]
 versus_dense = {stat: paired_difference([outcomes("recovered")], [outcomes(history[0]["when"])], stat)
@@ -657,6 +774,7 @@ said = [
     + f" of their rank; {dense_after} layers stayed above their break-even rank and are stored dense.",
     f"* **The first-order term did not count**: {', '.join('n/a' if p != p else f'{p:.1%}' for p in passing)} of "
     "the pool bases passed the gradient test, round by round, so the ranking is the curvature term's (section 7).",
+    whatif_reading(series, path),
 ]
 display(Markdown("\n".join(said)))
 
@@ -668,10 +786,14 @@ display(Markdown("\n".join(said)))
 #   worth of bases. The budgets shrink evenly in factor parameters (a layer
 #   saves nothing until it is below its break-even rank) and only the last one
 #   is the stored-size target, which the run lands on.
-# * Each cut raises the loss on the fixed batch. The next round's tuning steps
-#   are there to win part of it back, the reason the method cuts gradually;
-#   in this short run they won back almost nothing (the numbers are in "What
-#   the data say" above), so here the gradual schedule is not what kept the loss low.
+# * A cut moves the loss on the fixed batch and the next round's tuning steps
+#   move it again; in a run this short both moves are of the size of one
+#   batch's noise (the numbers are in "What the data say" above). What the
+#   gradual schedule buys is measured instead in section 9: the run's own model
+#   against one cut of the same size, on held-out problems.
+# * One round's scores plan a cut of any size at once (section 9): the sum of
+#   the removed bases' importance predicts its loss, well for small cuts and
+#   less well for large ones, where the removed bases interact.
 # * One budget is shared by every layer, so layers shrink at different speeds:
 #   the heat map and the by-kind bars show which ones the task needs least.
 # * The default score keeps a first-order term only where the gradient stands
