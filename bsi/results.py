@@ -204,6 +204,19 @@ class MethodRun:
         compress_seconds, recover_seconds: wall times of the method's whole
             run (every size at once) and of this size's recovery.
         notes: what the method said about its run.
+        path_steps, path_tokens: the optimizer steps and tokens the method's
+            own run trained the model on up to this size, after the task
+            fine-tune (an engine method's tuning between rounds; 0 for a
+            truncation, whose bases are computed, not trained). None: a row
+            written before they were recorded.
+        recover_tokens: the tokens the recovery trained on (None: not recorded).
+        gradient_passed: the share of candidate bases whose gradient term
+            passed bsi's significance test, over the rounds up to this size
+            (None: no test ran, or not recorded); near 0, the score ranked by
+            curvature alone.
+
+    Together: the training a model saw after the fine-tune is
+    ``path_steps + recover_steps`` optimizer steps (:attr:`training_steps`).
     """
 
     recover_steps: int
@@ -212,6 +225,22 @@ class MethodRun:
     compress_seconds: float = 0.0
     recover_seconds: float = 0.0
     notes: tuple[str, ...] = ()
+    path_steps: int | None = None
+    path_tokens: int | None = None
+    recover_tokens: int | None = None
+    gradient_passed: float | None = None
+
+    @property
+    def training_steps(self) -> int | None:
+        """Optimizer steps after the task fine-tune: the method's path to this size plus the recovery (None: unknown)."""
+        return None if self.path_steps is None else self.path_steps + self.recover_steps
+
+    @property
+    def training_tokens(self) -> int | None:
+        """Tokens trained on after the task fine-tune (None: not recorded)."""
+        if self.path_tokens is None or (self.recover_steps and self.recover_tokens is None):
+            return None
+        return self.path_tokens + (self.recover_tokens or 0)
 
 
 @dataclass(frozen=True)
@@ -236,6 +265,8 @@ class DecodeSpeed:
 #: The keys of a ``results.jsonl`` line that :class:`StudyRow` names (the rest are kept in ``extra``).
 _METRIC_KEYS = ("accuracy", "loss", "examples", "loss_examples", "perplexity")
 _RUN_KEYS = tuple(f.name for f in dataclasses.fields(MethodRun))
+#: MethodRun keys written only where recorded (rows made before them lack them).
+_RECORDED_LATER = ("path_steps", "path_tokens", "recover_tokens", "gradient_passed")
 _SPEED_KEYS = ("ms_per_token", "dense_ms_per_token", "speedup")
 _OPTIONAL_KEYS = ("fingerprint", "params_before", "compression_ratio", "compressible_ratio", "outcomes",
                   "eval_seconds", "device", "dtype", "perplexity_protocol")
@@ -318,8 +349,9 @@ class StudyRow:
         if self.protocol is not None:
             out["protocol"] = self.protocol
         out |= {key: getattr(self, key) for key in _OPTIONAL_KEYS if getattr(self, key) is not None}
-        if self.run is not None:
-            out |= asdict(self.run) | {"notes": list(self.run.notes)}
+        if self.run is not None:  # the training counts only where recorded, so an older row writes out unchanged
+            out |= {k: v for k, v in asdict(self.run).items() if v is not None or k not in _RECORDED_LATER}
+            out["notes"] = list(self.run.notes)
         if self.speed is not None:
             out |= {"ms_per_token": self.speed.ms_per_token, "dense_ms_per_token": self.speed.dense_ms_per_token,
                     "speedup": self.speed.speedup}

@@ -124,6 +124,20 @@ def test_presets_help_lists_every_preset():
         assert "{" + ",".join(PRESETS) + "}" in usage and "--preset" in text
 
 
+def test_presets_state_each_presets_measured_time(capsys):
+    """`bsi presets`: a line a preset, its measured time first (preset_costs.json), or that it was not measured."""
+    from bsi.config import PRESET_COSTS, PRESETS
+
+    assert main(["presets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == list(PRESETS)
+    for name, line in zip(PRESETS, lines):
+        cost = PRESET_COSTS.get(name)
+        assert line.startswith(f"{name} ({cost.time_text() if cost else 'not measured'}): ")
+    assert "with the fine-tune and the conversion cached" in lines[list(PRESETS).index("tour")]
+    assert main(["presets", "tour"]) == 0 and f"measured: {PRESET_COSTS['tour'].time_text()}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args", [("presets", "default"), ("presets",), ("compress", "--help")],
                          ids=["preset", "list", "help"])
 def test_a_reader_that_leaves_early_gets_no_traceback(args):

@@ -11,6 +11,7 @@ import pytest
 from bsi.analysis.speed import measure_speeds
 from bsi.cli import main
 from bsi.config import SweepConfig, make_config, make_sweep_config
+from bsi.errors import BSIError
 from bsi.models import load_model_and_tokenizer
 from bsi.pipeline.runner import Pipeline
 from bsi.pipeline.sweep import CellReport, LearningRateReport, Sweep
@@ -123,7 +124,15 @@ def test_protocols_give_the_engine_methods_their_settings_and_share_the_truncati
     assert sorted((r["method"], r["protocol"]) for r in rows) == [
         ("bsi", "paper"), ("bsi", "tuned"), ("dense", "dense"), ("svd", "published")]  # svd once, in both tables
     table = (out / "results.md").read_text()
-    assert table.count("| `svd` |") == 4  # two tables per protocol
+    assert table.count("| `svd` |") == 6  # per protocol: accuracy and loss, differences, training
+    # every row records the training its model saw after the fine-tune: the engine's tuning path, then recovery
+    made = {r["method"] + "/" + r["protocol"]: r for r in rows if r["method"] != "dense"}
+    assert made["svd/published"]["path_steps"] == made["svd/published"]["path_tokens"] == 0  # computed, not trained
+    config = sweep.config_for(0, "bsi", "tuned")
+    assert 0 < made["bsi/tuned"]["path_steps"] <= config.compress.total_iters
+    assert made["bsi/tuned"]["path_tokens"] > made["bsi/tuned"]["path_steps"]  # several tokens a step
+    assert all(r["recover_tokens"] > r["recover_steps"] > 0 for r in made.values())
+    assert f"| `bsi` | {made['bsi/tuned']['path_steps']} + {config.recover.steps} (" in table
     few = make_sweep(tmp_path / "few", methods=("svd", "bsi"), targets=(0.6, 0.4), protocols=("tuned", "paper"),
                      protocol_targets={"paper": (0.6,)})
     assert [c for c in few.cells() if c.startswith("paper/")] == ["paper/bsi@0.6/s0"]
@@ -272,6 +281,52 @@ def test_sweep_flags_and_the_preset_set_the_study(tmp_path, isolated_cache):
     assert "hutchinson curvature" in (out / "results.md").read_text()
 
 
+def test_match_training_gives_a_truncation_the_engine_paths_steps(tmp_path, isolated_cache):
+    """Equal training: svd recovers for bsi's own tuning steps up to the size plus the common recovery."""
+    out = tmp_path / "s"
+    sweep = make_sweep(out, methods=("svd", "bsi"), targets=(0.6, 0.4), match_training="bsi")
+    assert [m for _, m, _ in sweep.runs()] == ["bsi", "svd"]  # the matched method first, whatever the order asked
+    list(sweep.run())
+    rows = {(r["method"], r["target"]): r for r in rows_of(out) if r["method"] != "dense"}
+    common = sweep.config.recover.steps
+    for target in (0.6, 0.4):
+        bsi, svd = rows[("bsi", target)], rows[("svd", target)]
+        assert bsi["recover_steps"] == common and bsi["path_steps"] > 0 and svd["path_steps"] == 0
+        assert svd["recover_steps"] == common + bsi["path_steps"]  # the same optimizer steps after the fine-tune
+        assert svd["recover_tokens"] > bsi["recover_tokens"]
+    assert rows[("bsi", 0.4)]["path_steps"] > rows[("bsi", 0.6)]["path_steps"]  # a deeper size: a longer path
+    assert "also recovers for bsi's own tuning steps" in (out / "results.md").read_text()
+    assert sweep.fingerprint() != make_sweep(tmp_path / "t", methods=("svd", "bsi"), targets=(0.6, 0.4)).fingerprint()
+    with pytest.raises(BSIError, match="match_training must name an engine method"):
+        SweepConfig(methods=("svd",), match_training="svd")
+    # a size bsi does not run at has no path to match: said, not guessed
+    alone = make_sweep(tmp_path / "u", methods=("svd", "bsi"), targets=(0.6,), extra_targets={"svd": (0.3,)},
+                       match_training="bsi")
+    with pytest.raises(BSIError, match="svd at 0.3 needs bsi's own training up to that size"):
+        list(alone.run())
+
+
+def test_narrowing_a_presets_sweep_narrows_what_depends_on_it():
+    """Fewer targets or protocols than the preset's: its protocol targets and lr targets follow, never refuse."""
+    from bsi.cli import build_parser
+    from bsi.cli.sweep import settings_from_args
+
+    def settings(*flags):
+        return settings_from_args(build_parser().parse_args(["sweep", "--out", "x", "--preset", "study", *flags]))
+
+    # the contest issue's command: one truncation, two sizes, one seed, the tuned protocol, no grid
+    one = settings("--methods", "svd-llm", "--targets", "0.6,0.4", "--seeds", "0", "--protocols", "tuned",
+                   "--lr-grid", "none")
+    assert (one.protocol_targets, one.lr_grid, one.lr_targets, one.targets_of("svd-llm")) == ({}, (), (0.4,), (0.6, 0.4))
+    both = settings("--targets", "0.25,0.15")  # paper keeps its one target still given; lr moves to the nearest
+    assert both.protocol_targets == {"paper": (0.25,)} and both.lr_targets == (0.25, 0.15)
+    assert both.targets_of("bsi", "paper") == (0.25,) and both.targets_of("bsi", "tuned") == (0.25, 0.15, 0.02)
+    assert settings("--lr-targets", "0.6", "--targets", "0.6,0.4").lr_targets == (0.6,)  # what the user gave stays
+    with pytest.raises(BSIError, match="--protocol-targets paper:R"):  # paper would run nowhere: the flag that fixes it
+        settings("--targets", "0.15,0.05")
+    assert settings("--targets", "0.15,0.05", "--protocols", "tuned").protocol_targets == {}
+
+
 @pytest.mark.parametrize("args, message", [
     (["--methods", "svd,pca"], "--methods must be among"),
     (["--targets", "0.5,1.5"], "--targets must be numbers in (0, 1]"),
@@ -305,11 +360,13 @@ def test_every_study_setting_is_a_flag_generated_from_its_field():
     assert {f.name for f in fields} | set(NOT_FLAGS) == {f.name for f in dataclasses.fields(SweepConfig)}
     for f in fields:  # each field's type has a flag form: a new field of another type needs one
         kind = str(f.type).replace(" ", "")
-        assert kind in _LIST_KINDS or kind in ("bool", "int") or f.name in _PAIR_KEYS, f.name
+        assert kind in _LIST_KINDS or kind in ("bool", "int", "str") or f.name in _PAIR_KEYS, f.name
     args = build_parser().parse_args(["sweep", "--out", "x", "--preset", "study", "--protocol-targets",
-                                      "paper:0.6,paper:0.4", "--speed-tokens", "8", "--no-also-unrecovered"])
+                                      "paper:0.6,paper:0.4", "--speed-tokens", "8", "--no-also-unrecovered",
+                                      "--match-training", "bsi"])
     settings = settings_from_args(args)
     assert settings.protocol_targets == {"paper": (0.6, 0.4)} and settings.speed_tokens == 8
+    assert settings.match_training == "bsi"
     assert settings.also_unrecovered is False and settings.seeds == (0, 1, 2)  # the rest: the preset's
 
 

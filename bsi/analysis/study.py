@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,22 @@ def _exp_interval(entry: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _training(rows: Iterable[StudyRow]) -> dict[str, Any]:
+    """The training the rows' models saw after the fine-tune, where recorded: mean steps and tokens over seeds."""
+    runs = [r.run for r in rows if r.run is not None and r.run.training_steps is not None]
+    if not runs:
+        return {}
+    out: dict[str, Any] = {"path_steps": sum(r.path_steps or 0 for r in runs) / len(runs),
+                           "training_steps": sum(r.training_steps or 0 for r in runs) / len(runs)}
+    tokens = [r.training_tokens for r in runs]
+    if all(t is not None for t in tokens):
+        out["training_tokens"] = sum(t or 0 for t in tokens) / len(tokens)
+    shares = [r.gradient_passed for r in runs if r.gradient_passed is not None]
+    if shares:  # bsi's gradient test: the share of candidate bases whose first-order term it kept
+        out["gradient_passed"] = sum(shares) / len(shares)
+    return out
+
+
 def _method_table(rows: Sequence[StudyRow], targets: Sequence[float], outcomes: OutcomeLoader, anchor: str, text: bool,
                   resamples: int) -> dict[str, dict[str, Any]]:
     """Per method and target: pooled values with intervals, and the paired difference from ``anchor`` in ``rows``."""
@@ -96,6 +112,7 @@ def _method_table(rows: Sequence[StudyRow], targets: Sequence[float], outcomes: 
                 "compression_ratio": sum(cells[s].compression_ratio for s in seeds) / len(seeds),
                 "recover_lr": sorted({cells[s].recover_lr for s in seeds} - {None}),
                 "recover_steps": cells[seeds[0]].recover_steps,
+                **_training(cells[s] for s in seeds),
                 **{stat: value_interval(runs, stat, resamples=resamples).to_dict() for stat in ("accuracy", "loss")},
             }
             if text:
@@ -279,6 +296,26 @@ def _tables(lines: list[str], table: Mapping[str, Any], targets: Sequence[float]
     lines.append("")
 
 
+def _training_table(lines: list[str], table: Mapping[str, Any], targets: Sequence[float]) -> None:
+    """The training each model saw after the fine-tune: the method's own steps to the size + the recovery's."""
+    lines += ["Training after the task fine-tune, optimizer steps: the method's own path to the size + the "
+              "recovery (thousands of tokens); a truncation's path trains nothing. Where bsi's gradient test "
+              "ran, the share of candidate bases whose gradient term passed it (over the rounds up to the size; "
+              "the rest were scored by curvature alone). Rows made before this was recorded are blank.", "",
+              "| method | " + " | ".join(_heads(table, targets)) + " |", "|---|" + "---|" * len(targets)]
+    for method, cells in table.items():
+        row = []
+        for e in (cells.get(f"{t:g}") or {} for t in targets):
+            if "training_steps" not in e:
+                row.append("")
+                continue
+            tokens = f" ({e['training_tokens'] / 1000:.0f}k)" if "training_tokens" in e else ""
+            test = f"; gradient test passed {100 * e['gradient_passed']:.1f}%" if "gradient_passed" in e else ""
+            row.append(f"{e['path_steps']:g} + {e['recover_steps']}{tokens}{test}")
+        lines.append(f"| `{method}` | " + " | ".join(row) + " |")
+    lines.append("")
+
+
 def study_markdown(stats: Mapping[str, Any], descriptions: Mapping[str, str] | None = None,
                    notes: Mapping[str, str] | None = None) -> str:
     """``results.md``: per protocol, the value table with intervals, then the differences from the anchor.
@@ -324,6 +361,8 @@ def study_markdown(stats: Mapping[str, Any], descriptions: Mapping[str, str] | N
         if bare:
             _tables(lines, bare, targets, anchor, text, "### No recovery (each method's model as it left it, no "
                                                         "training after compression)")
+        if any("training_steps" in e for cells in table.values() for e in cells.values()):
+            _training_table(lines, table, targets)
         if any("speedup" in e for cells in table.values() for e in cells.values()):
             head = _heads(table, targets)
             lines += ["Decode speed, measured side by side with the dense model (greedy, batch 1, median): "

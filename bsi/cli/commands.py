@@ -425,15 +425,19 @@ def add_presets(p: argparse.ArgumentParser) -> None:
 
 
 def run_presets(args: argparse.Namespace) -> int:
-    from bsi.config import PRESETS, SWEEP_PRESETS, make_config
+    """Every preset, a line each: its measured time on 2 cores (``preset_costs.json``), then its settings."""
+    from bsi.config import PRESET_COSTS, PRESETS, SWEEP_PRESETS, make_config
 
     if args.name:
         print(make_config(args.name).to_json())
         if args.name in SWEEP_PRESETS:
             print(f"bsi sweep adds: {json.dumps(SWEEP_PRESETS[args.name])}", file=sys.stderr)
+        cost = PRESET_COSTS.get(args.name)
+        print(f"measured: {cost.time_text() if cost else 'not measured'}", file=sys.stderr)
     else:
         for name, values in PRESETS.items():
+            cost = PRESET_COSTS.get(name)
             extra = f"; bsi sweep adds {json.dumps(SWEEP_PRESETS[name])}" if name in SWEEP_PRESETS else ""
             own = json.dumps(values) if values else "the defaults of every field"
-            print(f"{name}: {own}{extra}")
+            print(f"{name} ({cost.time_text() if cost else 'not measured'}): {own}{extra}")
     return 0

@@ -600,6 +600,56 @@ def sweeps_side_by_side(*names: str) -> str:
     return "\n".join(rows)
 
 
+def equal_training(same: str, equal: str, method: str) -> str:
+    """``method`` against the anchor (``bsi``) with the same recovery and with the same training, seed by seed.
+
+    ``same`` is a shipped sweep where every method got the same recovery
+    steps; ``equal`` one made with ``--match-training`` on some of its seeds,
+    where ``method`` also recovered for the anchor's own tuning steps up to
+    each size. Both are read from their rows and outcomes, restricted to the
+    seeds ``equal`` holds (the same test problems, the same anchor models),
+    so the two differences are paired the same way. Paired 95% bootstrap
+    intervals over the test problems (**bold**: excludes 0).
+    """
+    from bsi.analysis.study import folder_loader, interval_text, study_stats
+    from bsi.results import read_study_rows
+
+    def table(name: str, seeds: set[int] | None = None) -> tuple[dict, list]:
+        folder = ROOT / "data" / "sweeps" / name
+        rows = [r for r in read_study_rows(folder / "results.jsonl") if seeds is None or r.seed in seeds]
+        return study_stats(rows, folder_loader(folder), ["tuned"])["protocols"]["tuned"]["methods"], rows
+
+    equal_cells, equal_rows = table(equal)
+    seeds = {r.seed for r in equal_rows}
+    same_cells, same_rows = table(same, seeds)
+    anchor = next(iter(equal_cells))
+    sizes = sorted(set(equal_cells.get(method, {})) & set(same_cells.get(method, {})), key=float, reverse=True)
+
+    def training(rows: list, who: str, size: str) -> str:
+        row = next(r for r in rows if r.method == who and f"{r.target:g}" == size and r.recovered)
+        path = "" if row.run.path_steps is None else f"{row.run.path_steps} + "
+        return f"{path}{row.run.recover_steps}"
+
+    def shown(cell: dict) -> str:
+        return f"{100 * cell['accuracy']['estimate']:.1f}% / {cell['loss']['estimate']:.3f}"
+
+    rows = [f"| size | `{anchor}`: steps, accuracy / loss | `{method}`, the same recovery: steps, accuracy / loss | "
+            f"`{anchor}` minus it | `{method}`, the same training: steps, accuracy / loss | `{anchor}` minus it |",
+            "|---|---|---|---|---|---|"]
+    for size in sizes:
+        mine, same_cell, equal_cell = equal_cells[anchor][size], same_cells[method][size], equal_cells[method][size]
+        rows.append(f"| {size} ({equal_cell['compression_ratio']:.2f}x) | {training(equal_rows, anchor, size)}: "
+                    f"{shown(mine)} | {training(same_rows, method, size)}: {shown(same_cell)} | "
+                    f"{_points_and_loss(same_cell['vs_anchor'])} | {training(equal_rows, method, size)}: "
+                    f"{shown(equal_cell)} | {_points_and_loss(equal_cell['vs_anchor'])} |")
+    rows += ["", f"Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))}; steps: the method's own "
+                 f"tuning up to the size + its recovery, after the task fine-tune (the same-recovery rows were made "
+                 f"before path steps were recorded: `{method}`'s path trains nothing). `{anchor}`'s models are the "
+                 f"same in both sweeps ({interval_text(same_cells[anchor][sizes[0]]['loss'], 1, 4)} and "
+                 f"{interval_text(equal_cells[anchor][sizes[0]]['loss'], 1, 4)} at {sizes[0]})."]
+    return "\n".join(rows)
+
+
 def sweep_log_rounds(name: str, *shown: str) -> str:
     """The mean tuning loss of chosen rounds from each ``sweep-<label>.log`` shipped in ``data/sweeps/<name>``.
 
@@ -706,7 +756,7 @@ GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": 
                                              "sweeps-side-by-side": sweeps_side_by_side, "sweep-seeds": sweep_seeds,
                                              "sweep-log-rounds": sweep_log_rounds, "run-profiles": run_profiles,
                                              "speed-evaluation": speed_evaluation, "test-durations": suite_durations,
-                                             "whatif-speed": whatif_speed}
+                                             "whatif-speed": whatif_speed, "equal-training": equal_training}
 
 
 def generate(what: str) -> str:

@@ -23,6 +23,9 @@ PER_CELL = ("compress.score", "compress.size_mode", "compress.target_ratio", "co
 #: truncation baselines' settings (their flags are --alpha and --allocation, BaselineConfig's own fields).
 NOT_FLAGS = ("protocol_settings", "baseline")
 
+#: List flags whose empty value means something (``--lr-grid none``: no grid, the recover section's lr).
+MAY_BE_EMPTY = ("lr_grid", "lr_targets")
+
 #: What a flag's value looks like, by the field's type: comma-separated values, or KEY:VALUE pairs.
 _LIST_KINDS = {"tuple[str,...]": str, "tuple[float,...]": float, "tuple[int,...]": int}
 _PAIR_KEYS = {"extra_targets": "METHOD", "protocol_targets": "PROTOCOL"}
@@ -64,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             study.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif kind == "int":
             study.add_argument(_flag(f.name), type=int, metavar="N", help=help_text)
+        elif kind == "str":
+            study.add_argument(_flag(f.name), metavar="METHOD", help=help_text)
         elif f.name in _PAIR_KEYS:
             study.add_argument(_flag(f.name), metavar=f"{_PAIR_KEYS[f.name]}:R,...", help=help_text)
         else:
@@ -118,7 +123,7 @@ def settings_from_args(args: argparse.Namespace):
             continue
         kind = str(f.type).replace(" ", "")
         if kind in _LIST_KINDS:
-            value = parse_list(value, _LIST_KINDS[kind], _flag(f.name))
+            value = parse_list(value, _LIST_KINDS[kind], _flag(f.name), may_be_empty=f.name in MAY_BE_EMPTY)
         elif f.name in _PAIR_KEYS:
             value = parse_pairs(value, _flag(f.name), _PAIR_KEYS[f.name])
         given[f.name] = value

@@ -43,12 +43,18 @@ class SweepConfig(JsonConfig):
     protocol_settings: dict[str, Any] = option(default_factory=dict, help="per protocol, pipeline settings its engine runs "
                                                                 "need on top (e.g. a longer schedule for paper)")
     protocol_targets: dict[str, Any] = option(default_factory=dict, help="per protocol, the only targets its engine methods "
-                                                               "run at, e.g. paper:0.6,paper:0.4 (none: every target)")
+                                                               "run at, e.g. paper:0.6,paper:0.4 (none: every target; "
+                                                               "a preset's keep the targets still given)")
     lr_grid: tuple[float, ...] = option((), "recovery learning rates to choose from by validation loss, which "
-                                            "needs validation_size (--validation-size) (empty: the recover "
+                                            "needs validation_size (--validation-size) (none: the recover "
                                             "section's lr for every method)")
     lr_targets: tuple[float, ...] = option((), "targets where the learning rate is chosen, by the first seed run "
-                                               "(empty: every target)")
+                                               "(none: every target; a preset's follow narrowed --targets to "
+                                               "the nearest)")
+    match_training: str = option("", "an engine method (e.g. bsi) whose training every truncation is given: a "
+                                     "truncation recovers for that method's own steps up to the size (its row of the "
+                                     "same seed and size, first protocol, run first) plus the common recovery (empty: "
+                                     "the same recovery for every method, and the engine methods train more)")
     baseline: dict[str, Any] = option(default_factory=dict, help="settings of the truncation baselines (BaselineConfig "
                                                        "fields; the defaults are the published methods)")
     also_unrecovered: bool = option(False, "also evaluate every method's model of every size before recovery: extra "
@@ -88,6 +94,10 @@ class SweepConfig(JsonConfig):
         check(all(is_number(x) and x > 0 for x in self.lr_grid), f"lr_grid must be positive numbers, got {self.lr_grid}")
         check(all(t in self.targets for t in self.lr_targets),
                f"lr_targets must be among the targets {list(self.targets)}, got {list(self.lr_targets)}")
+        if self.match_training:
+            check(is_engine_method(self.match_training) and self.match_training in self.methods,
+                  f"match_training must name an engine method among the methods ({', '.join(self.methods)}), "
+                  f"got '{self.match_training}'")
         check(isinstance(self.also_unrecovered, bool),
                f"also_unrecovered must be true or false, got {self.also_unrecovered}")
         check(is_integer(self.speed_repeats) and self.speed_repeats >= 0, f"speed_repeats must be >= 0, got {self.speed_repeats}")
@@ -130,5 +140,48 @@ SWEEP_PRESETS: dict[str, dict[str, Any]] = {
 
 
 def make_sweep_config(preset: str | None, overrides: dict[str, Any] | None = None) -> SweepConfig:
-    """The :class:`SweepConfig` of a preset (:data:`SWEEP_PRESETS`; the defaults where it has none) with overrides."""
-    return SweepConfig.from_dict({**SWEEP_PRESETS.get(preset or "", {}), **(overrides or {})})
+    """The :class:`SweepConfig` of a preset (:data:`SWEEP_PRESETS`; the defaults where it has none) with overrides.
+
+    The overrides are what the user asked for; the preset's settings that
+    depend on them follow them (:func:`narrow_to_overrides`) instead of
+    refusing a setting the user never gave.
+    """
+    overrides = dict(overrides or {})
+    settings = {**SWEEP_PRESETS.get(preset or "", {}), **overrides}
+    return SweepConfig.from_dict(narrow_to_overrides(settings, overrides))
+
+
+def _nearest_in_log(value: float, among: tuple[float, ...]) -> float:
+    return min(among, key=lambda t: (abs(math.log(t / value)), -t))
+
+
+def narrow_to_overrides(settings: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """A preset's dependent settings narrowed to the targets and protocols the user gave.
+
+    A preset names its targets, protocols, the targets each protocol runs at
+    (``protocol_targets``) and where the learning rate is chosen
+    (``lr_targets``). When the user narrows the targets or the protocols but
+    not these, they follow: a protocol that does not run drops its
+    ``protocol_targets``; a protocol's targets keep those still given; each
+    ``lr_targets`` value moves to the nearest given target (in log size).
+    A protocol left with none of its targets is refused with the flag that
+    fixes it. Settings the user gave are never changed (and are checked as given).
+    """
+    out = dict(settings)
+    targets = tuple(float(t) for t in out.get("targets", SweepConfig().targets))
+    protocols = tuple(out.get("protocols", SweepConfig().protocols))
+    if "protocol_targets" not in overrides and ({"targets", "protocols"} & set(overrides)):
+        narrowed = {}
+        for name, ts in dict(out.get("protocol_targets", {})).items():
+            if name not in protocols:
+                continue
+            kept = tuple(float(t) for t in ts if float(t) in targets)
+            check(bool(kept), f"protocol {name} runs only at {', '.join(f'{float(t):g}' for t in ts)} in this preset, "
+                              f"none of the targets given: add --protocol-targets {name}:R,... with the targets "
+                              f"it should run at, or leave {name} out of --protocols")
+            narrowed[name] = kept
+        out["protocol_targets"] = narrowed
+    if "lr_targets" not in overrides and "targets" in overrides and out.get("lr_targets"):
+        out["lr_targets"] = tuple(sorted({_nearest_in_log(float(t), targets) for t in out["lr_targets"]},
+                                         reverse=True))
+    return out

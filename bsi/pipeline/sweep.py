@@ -54,7 +54,15 @@ from torch import nn
 
 from bsi.analysis.answers import PROBLEMS
 from bsi.analysis.study import PUBLISHED, folder_loader, study_markdown, study_stats
-from bsi.config import PROTOCOLS, BaselineConfig, PipelineConfig, SweepConfig, is_engine_method, resolve_config
+from bsi.config import (
+    PROTOCOLS,
+    BaselineConfig,
+    PipelineConfig,
+    RecoverConfig,
+    SweepConfig,
+    is_engine_method,
+    resolve_config,
+)
 from bsi.data import is_text_run
 from bsi.errors import BSIError
 from bsi.files import atomic_write_json, atomic_write_text, check_output_dir, folder_lock
@@ -63,7 +71,7 @@ from bsi.pipeline.distributed import from_environment
 from bsi.pipeline.evaluate import Evaluation, Metrics
 from bsi.pipeline.methods import get_method
 from bsi.pipeline.runner import DenseReference, Pipeline, Report
-from bsi.reports import SizeReport, StageReport
+from bsi.reports import RoundReport, SizeReport, StageReport, TrainingTally
 from bsi.results import REFERENCE, DecodeSpeed, MethodRun, StudyRow, read_study_rows
 
 OUTCOMES = "outcomes"
@@ -124,8 +132,13 @@ def sweep_results(folder: str | Path) -> Path:
     return path
 
 
-def parse_list(text: str, kind: type, flag: str) -> list:
-    """``"0.8,0.6"`` -> [0.8, 0.6] for a comma-separated flag, with a one-line error naming ``flag``."""
+def parse_list(text: str, kind: type, flag: str, *, may_be_empty: bool = False) -> list:
+    """``"0.8,0.6"`` -> [0.8, 0.6] for a comma-separated flag, with a one-line error naming ``flag``.
+
+    With ``may_be_empty``, ``none`` (or an empty value) gives an empty list: the setting switched off.
+    """
+    if may_be_empty and text.strip().lower() in ("", "none"):
+        return []
     try:
         values = [kind(t) for t in text.split(",") if t.strip()]
     except ValueError:
@@ -215,6 +228,8 @@ class Sweep:
         grid = ("methods", "targets", "extra_targets", "seeds", "protocols", "protocol_targets", "speed_repeats",
                 "speed_tokens", "also_unrecovered")
         settings = {k: v for k, v in self.settings.to_dict().items() if k not in grid}
+        if not settings.get("match_training"):  # off: sweeps made before the setting keep their hash
+            settings.pop("match_training", None)
         settings["baseline"] = self.baseline.to_dict()  # resolved: a changed default is another sweep
         config = self.config.to_dict() | {"seed": None, "preset": None, "device": "auto", "dtype": "auto"}
         config.pop("autocast")  # where it runs, like the dtype (recorded per row); sweeps made before it keep their hash
@@ -383,8 +398,10 @@ class Sweep:
     def runs(self) -> list[tuple[int, str, str]]:
         """``(seed, method, protocol)`` of every run, seeds outermost (the first one run chooses learning rates)."""
         out = []
+        matched = self.settings.match_training  # its rows give the truncations their training: it runs first
+        methods = sorted(self.settings.methods, key=lambda m: m != matched) if matched else self.settings.methods
         for seed in self.settings.seeds:
-            for method in self.settings.methods:
+            for method in methods:
                 protocols = self.settings.protocols if is_engine_method(method) else (PUBLISHED,)
                 out += [(seed, method, p) for p in protocols]
         return out
@@ -440,8 +457,16 @@ class Sweep:
         return (f"Engine methods: {c.bases} bases, {c.rounds} rounds of {c.round_length} iterations "
                 f"({c.profiling_iters} profiling) passing every size, {c.curvature} curvature, {c.selection_rule} "
                 f"selection, cut cap {c.max_cut_factor:g}, {c.aux_rank} auxiliary vectors. Every method: "
-                f"{r.steps} recovery steps training {r.train}, {lr}.{unrecovered} Seeds "
+                f"{r.steps} recovery steps training {r.train}, {lr}{self._matching_note()}.{unrecovered} Seeds "
                 f"{', '.join(map(str, self.seeds_held()))}; {evaluation}.{self.execution_note()}")
+
+    def _matching_note(self) -> str:
+        """With ``match_training``: what the truncations' recovery adds ('' without it)."""
+        matched = self.settings.match_training
+        if not matched:
+            return ""
+        return (f"; every truncation also recovers for {matched}'s own tuning steps up to its size, so that both "
+                "saw the same optimizer steps after the fine-tune (each row's training is in the training table)")
 
     def seeds_held(self) -> list[int]:
         """The seeds the folder's rows hold (merged ones included), else the settings' seeds (nothing run yet)."""
@@ -537,11 +562,20 @@ class Sweep:
         yield StageReport("compress", "start", label)
         start = time.perf_counter()
         snapshots: dict[float, nn.Module] = {}
+        tuning = TrainingTally(stages=("train",))  # the engine's tuning between rounds (a truncation trains nothing)
+        path: dict[float, tuple[int, int]] = {}  # per size: (optimizer steps, tokens) of the method's run up to it
+        tested: list[float] = []  # per round with a gradient test: the share of the pool that passed it
+        passed: dict[float, float | None] = {}  # per size: the mean share over the rounds up to it
         for report in pipeline.compress():
             yield report
+            tuning.count(report)
+            if isinstance(report, RoundReport) and math.isfinite(report.significant_gradients):
+                tested.append(report.significant_gradients)
             if isinstance(report, SizeReport) and report.target in targets:
                 last = report.target == config.compress.size.ratio  # the run ends here: no copy needed
                 snapshots[report.target] = pipeline.model if last else copy.deepcopy(pipeline.model)
+                path[report.target] = (tuning.steps, tuning.tokens)
+                passed[report.target] = sum(tested) / len(tested) if tested else None
         compress_seconds = time.perf_counter() - start
         yield StageReport("compress", "end")
         # the first seed to reach a learning-rate target chooses there; any later seed reuses the recorded choice
@@ -551,17 +585,19 @@ class Sweep:
             model = snapshots.pop(target)
             if (target, False) in missing:
                 row = yield from self._unrecovered(pipeline, dense, model, method, protocol, target, seed,
-                                                   compress_seconds)
+                                                   compress_seconds, path[target], passed[target])
                 yield CellReport(index((target, False)), total, row)
             if (target, True) not in missing:
                 continue
             start = time.perf_counter()
-            model, choice = yield from self._recover(pipeline, model, method, protocol, target,
-                                                     choose=target in choose_here)
+            recover = self._recovery_for(method, target, seed)
+            model, choice, recovery = yield from self._recover(pipeline, model, method, protocol, target, recover,
+                                                               choose=target in choose_here)
             recover_seconds = time.perf_counter() - start
             start = time.perf_counter()
             evaluation = yield from pipeline.evaluate(model, "recovered")
-            made = self._method_run(pipeline, choice, compress_seconds, recover_seconds)
+            made = self._method_run(recover.steps, choice, compress_seconds, recover_seconds, path[target], recovery,
+                                    passed[target], pipeline.notes)
             row = self._row(dense, evaluation, model, method, protocol, target, seed, made,
                             time.perf_counter() - start)
             speed = yield from self._speed(pipeline, model)
@@ -571,52 +607,80 @@ class Sweep:
             yield CellReport(index((target, True)), total, row)
 
     def _unrecovered(self, pipeline: Pipeline, dense: DenseReference, model: nn.Module, method: str, protocol: str,
-                     target: float, seed: int, compress_seconds: float):
+                     target: float, seed: int, compress_seconds: float, path: tuple[int, int],
+                     gradient_passed: float | None):
         """Evaluate a copy of ``model`` with no recovery (exported as recovery exports it); returns its row."""
         copied = copy.deepcopy(model)
         yield from pipeline.recover(copied, dataclasses.replace(pipeline.config.recover, steps=0))
         start = time.perf_counter()
         evaluation = yield from pipeline.evaluate(copied, "unrecovered")
-        made = MethodRun(recover_steps=0, compress_seconds=compress_seconds, notes=tuple(pipeline.notes))
+        made = MethodRun(recover_steps=0, compress_seconds=compress_seconds, notes=tuple(pipeline.notes),
+                         path_steps=path[0], path_tokens=path[1], recover_tokens=0, gradient_passed=gradient_passed)
         row = self._row(dense, evaluation, copied, method, protocol, target, seed, made, time.perf_counter() - start)
         row = self.dist.from_main(row)
         self.rows.append(row)
         self.write(summaries=False)
         return row
 
-    def _recover(self, pipeline: Pipeline, model: nn.Module, method: str, protocol: str, target: float, *, choose: bool):
-        """Recover ``model``; returns ``(recovered model, (lr, choice))`` where choice records a grid search.
+    def _recovery_for(self, method: str, target: float, seed: int) -> RecoverConfig:
+        """The recovery of one size: the common one; with ``match_training``, a truncation's grows to equal training.
 
-        Without a grid, or with a learning rate chosen before, ``model`` itself
-        is recovered; a grid search recovers a copy for each rate and keeps
-        the copy with the lowest validation loss.
+        A truncation method trains nothing on its way to a size, an engine
+        method tunes its coefficients between rounds. With ``match_training``
+        naming an engine method, a truncation recovers for that method's own
+        steps up to the same size (its row of the same seed, recovered, first
+        protocol) plus the common recovery, so both saw the same number of
+        optimizer steps after the task fine-tune.
         """
         recover = self.config.recover
+        matched = self.settings.match_training
+        if not matched or is_engine_method(method) or recover.steps == 0:
+            return recover
+        protocol = self.settings.protocols[0]
+        row = next((r for r in self.rows if (r.method, r.protocol, r.seed) == (matched, protocol, seed)
+                    and math.isclose(r.target, target) and r.recovered and r.run is not None), None)
+        if row is None or row.run is None or row.run.path_steps is None:
+            raise BSIError(f"match_training: {method} at {target:g} needs {matched}'s own training up to that size "
+                           f"(seed {seed}, protocol {protocol}), and this folder has no such row that records it: add "
+                           f"{target:g} to {matched}'s targets, or leave --match-training out")
+        return dataclasses.replace(recover, steps=recover.steps + row.run.path_steps)
+
+    def _recover(self, pipeline: Pipeline, model: nn.Module, method: str, protocol: str, target: float,
+                 recover: RecoverConfig, *, choose: bool):
+        """Recover ``model``; returns ``(recovered model, (lr, choice), its training tally)``.
+
+        ``choice`` records a grid search. Without a grid, or with a learning
+        rate chosen before, ``model`` itself is recovered; a grid search
+        recovers a copy for each rate and keeps the copy with the lowest
+        validation loss (and that copy's tally). ``recover``: the recovery's
+        settings (:meth:`_recovery_for`).
+        """
         grid = self.settings.lr_grid
+        tally = TrainingTally(stages=("recover",))
         if not grid:
-            yield from pipeline.recover(model)
-            return model, (recover.lr, None)
+            yield from tally.through(pipeline.recover(model, recover))
+            return model, (recover.lr, None), tally
         if not choose:
             lr = self.lr_choices.get((protocol, method, self.settings.lr_target_for(target)))
             if lr is None:
                 chosen_at = self.settings.lr_target_for(target)
                 raise BSIError(f"no learning rate was chosen for {method} near target {target:g} yet: it is chosen at "
                                f"target {chosen_at:g}; add {chosen_at:g} to this run's targets")
-            yield from pipeline.recover(model, dataclasses.replace(pipeline.config.recover, lr=lr))
-            return model, (lr, {"chosen_at": self.settings.lr_target_for(target), "chosen_here": False})
+            yield from tally.through(pipeline.recover(model, dataclasses.replace(recover, lr=lr)))
+            return model, (lr, {"chosen_at": self.settings.lr_target_for(target), "chosen_here": False}), tally
         losses, best = {}, None
         for lr in grid:
-            candidate = copy.deepcopy(model)
-            yield from pipeline.recover(candidate, dataclasses.replace(pipeline.config.recover, lr=lr))
+            candidate, tally = copy.deepcopy(model), TrainingTally(stages=("recover",))
+            yield from tally.through(pipeline.recover(candidate, dataclasses.replace(recover, lr=lr)))
             loss, validation_size = pipeline.validation_loss(candidate)
             losses[lr] = loss
             if best is None or (math.isfinite(loss) and not loss >= best[0]):
-                best = (loss, lr, candidate)
+                best = (loss, lr, candidate, tally)
         self.lr_choices[(protocol, method, target)] = best[1]
         yield LearningRateReport(method, protocol, target, losses, best[1])
         return best[2], (best[1], {"chosen_at": target, "chosen_here": True,
                                    "validation_loss": {f"{k:g}": v for k, v in losses.items()},
-                                   "validation_examples": validation_size})
+                                   "validation_examples": validation_size}), best[3]
 
     def _save_outcomes(self, protocol: str, method: str, target: float, seed: int, evaluation: Evaluation,
                        recovered: bool = True) -> str:
@@ -628,14 +692,15 @@ class Sweep:
         return name
 
     @staticmethod
-    def _method_run(pipeline: Pipeline, choice: tuple[float | None, dict | None], compress_seconds: float,
-                    recover_seconds: float) -> MethodRun:
-        """How a recovered model was made: the shared recovery's steps, the rate used and how it was chosen."""
-        steps = pipeline.config.recover.steps
+    def _method_run(steps: int, choice: tuple[float | None, dict | None], compress_seconds: float,
+                    recover_seconds: float, path: tuple[int, int], recovery: TrainingTally,
+                    gradient_passed: float | None, notes: Sequence[str]) -> MethodRun:
+        """How a recovered model was made: the training up to its size, the recovery's steps, rate and tokens."""
         lr, lr_choice = choice
         return MethodRun(recover_steps=steps, recover_lr=lr if steps else None, lr_choice=lr_choice,
                          compress_seconds=compress_seconds, recover_seconds=recover_seconds,
-                         notes=tuple(pipeline.notes))
+                         notes=tuple(notes), path_steps=path[0], path_tokens=path[1],
+                         recover_tokens=recovery.tokens, gradient_passed=gradient_passed)
 
     def _row(self, dense: DenseReference, evaluation: Evaluation | None, model: nn.Module, method: str, protocol: str,
              target: float, seed: int, made: MethodRun, eval_seconds: float) -> StudyRow:
