@@ -95,6 +95,14 @@ for a in (0.75, 1.0, 2.0):
 # over a few mini-batches; other layers' sigmas stay fixed (the model-wide
 # Hessian is treated as block-diagonal). We take layers of the last block, where
 # a double backward is cheapest; `bsi spectrum --layers ...` measures any other.
+#
+# Which model and which bases, so you know what these spectra are of: the
+# embedded model as it is loaded, **before any task fine-tuning**, and each
+# layer written as its **plain SVD** (`W = U diag(sigma) V^T`, no whitening,
+# no auxiliary vectors). A compression run scores coefficients of whitened
+# bases of the fine-tuned model; these Hessians are over other coordinates of
+# another point, so read the exponents and probe counts below as what this
+# kind of Hessian looks like, not as the curvature a run meets.
 
 # %%
 hf_logging.disable_progress_bar()  # no loading bars between the results
@@ -221,13 +229,15 @@ generator = torch.Generator().manual_seed(0)
 probe_counts = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 simulated, predicted = {}, {}
 fig = go.Figure()
-for n, layer in enumerate(result.layers):
+kinds = sorted({layer.kind for layer in result.layers})  # the spectrum figure's colours: one per kind of layer
+palette = {kind: qualitative.Plotly[i % len(qualitative.Plotly)] for i, kind in enumerate(kinds)}
+for layer in result.layers:
     H = layer.hessian  # (k, k)
     z = torch.stack([rademacher(layer.k, generator) for _ in range(probe_counts[-1])]).double()  # (P, k) probes
     estimates = z * (z @ H)  # (P, k): one-probe estimates z * (H z) (H is symmetric)
     simulated[layer.name] = relative_error_by_probes(estimates, H.diagonal(), probe_counts)  # {s: mean error}
     predicted[layer.name] = [math.sqrt(hutchinson_variance(H, s)) / float(H.diagonal().norm()) for s in probe_counts]
-    color = qualitative.Plotly[n % len(qualitative.Plotly)]
+    color = palette[layer.kind]
     fig.add_trace(go.Scatter(x=probe_counts, y=list(simulated[layer.name].values()), mode="markers",
                              marker={"color": color, "size": 7}, name=f"{short(layer.name)}: simulated"))
     fig.add_trace(go.Scatter(x=probe_counts, y=predicted[layer.name], mode="lines", line={"color": color, "dash": "dash"},
@@ -373,7 +383,8 @@ lines.append(
     + "): the variance formula is right, and one probe per batch gives a diagonal with a relative error of this size.")
 lines.append(
     f"* How far this reaches: {len(result.layers)} layers of the last block, the top {settings.spectrum_k} sigmas of "
-    f"each, {result.batches} batches of {settings.batch_size} problems, on the model before task fine-tuning (batch "
+    f"each, {result.batches} batches of {settings.batch_size} problems, over plain-SVD coefficients of the model "
+    f"before task fine-tuning (not the whitened bases of a fine-tuned model that a run scores; batch "
     f"losses {', '.join(f'{loss:.2f}' for loss in result.losses)}); one measurement, no interval. The method's default "
     "curvature is the Fisher, not Hutchinson's estimator (docs/curvature.md compares them).")
 display(Markdown("\n".join(lines)))

@@ -210,20 +210,6 @@ outcome = {
 }
 
 # %% [markdown]
-# ## Recap
-#
-# * A fair comparison gives every method the same three stages and the same
-#   recovery budget, so differences come from which bases each keeps.
-# * Truncation methods run as published under every protocol; engine methods
-#   run the protocol asked for. A sweep's labels (`published/…`,
-#   `tuned/…`) say which.
-# * Every figure comes with a 95% interval from the test problems (a paired
-#   bootstrap for differences); a difference is a finding only when its
-#   interval excludes 0, and with one seed the interval leaves out the
-#   run-to-run spread.
-# * The answers are kept and marked, so the same questions can be read
-#   across methods.
-#
 # ## What the data say
 #
 # Computed from this run and the shipped sweep, so they stay true after a new
@@ -311,7 +297,38 @@ said.append(
        if slip and slip.answers[0].answer else "") + ".")
 said.append(f"* **n and noise:** {stats['dense']['accuracy']['samples']} problems, one seed: one answer is "
             f"{100 / stats['dense']['accuracy']['samples']:.0f} points. Read the intervals before the estimates.")
+# accuracy says "bsi ahead" where its difference is positive, the loss where its difference is negative
+crossed = [m for m in block if m != "bsi" and cell(m) and "vs_anchor" in cell(m)
+           and cell(m)["vs_anchor"]["accuracy"]["estimate"] * cell(m)["vs_anchor"]["loss"]["estimate"] > 0]
+if crossed:
+    said.append(
+        "* **Accuracy and loss disagree here:** against " + ", ".join(f"`{m}`" for m in crossed)
+        + f" at {smallest:.0%}, one of the two puts `bsi` ahead and the other behind ("
+        + "; ".join(f"`{m}`: {interval(cell(m)['vs_anchor']['accuracy'], signed=True)} points, loss "
+                    f"{interval(cell(m)['vs_anchor']['loss'], 1, 3, signed=True)}" for m in crossed)
+        + f"). On {stats['dense']['accuracy']['samples']} problems a few answers decide the accuracy, while the "
+        "loss is scored on every token of every answer; neither estimate is a finding until its interval excludes 0.")
 display(Markdown("\n".join(said)))
+
+# %% [markdown]
+# ## Recap
+#
+# * Every method goes through the same three stages with the same recovery
+#   steps. That is not the same training: an engine method (`bsi`, `basel`)
+#   also tunes its coefficients between rounds, a truncation (`svd-llm`)
+#   trains nothing before its recovery. Sweep rows record both
+#   (`path_steps`, `recover_steps`), and `--match-training bsi` equalises the
+#   steps (what that changes: [equal training](../docs/results/study.md#equal-training-a-first-look)).
+# * Truncation methods run as published under every protocol; engine methods
+#   run the protocol asked for. A sweep's labels (`published/…`,
+#   `tuned/…`) say which.
+# * Every figure comes with a 95% interval from the test problems (a paired
+#   bootstrap for differences); a difference is a finding only when its
+#   interval excludes 0, and with one seed the interval leaves out the
+#   run-to-run spread. On a few problems accuracy and loss can even point
+#   opposite ways.
+# * The answers are kept and marked, so the same questions can be read
+#   across methods.
 
 # %% [markdown]
 # ## What to try

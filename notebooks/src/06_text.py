@@ -250,18 +250,6 @@ print(f"Result: perplexity {before.perplexity:.2f} -> {after.perplexity:.2f} ({r
       f"{now / dense:.0%}); ran in {time.perf_counter() - start:.0f} s")
 
 # %% [markdown]
-# ## Recap
-#
-# * A text task trains on every token of a text and is measured by
-#   perplexity on a held-out part; the engine, the loss and the stages are the
-#   ones of the question/answer task.
-# * A perplexity is meaningless without its protocol (the window, the stride,
-#   which tokens are scored and how many) and without a reference point: the
-#   dense model on the same windows, and other methods at the same size.
-# * A ratio of perplexities is `exp` of a difference of mean losses; each
-#   held-out window is one outcome, kept as its summed loss and token count,
-#   so intervals and comparisons on any subset of windows can be recomputed.
-#
 # ## What the data say
 #
 # Computed from this run and the shipped files, so they stay true after a new
@@ -327,10 +315,34 @@ if qa:
         f"perplexity ({qa['articles']} articles, another protocol) from {qa['dense']['word_perplexity']:.1f} to "
         f"{qa['compressed']['word_perplexity']:,.0f} (`data/general-text.json`). A compression keeps what its "
         "calibration and recovery exercise: to keep text, compress on text, as here.")
+gained = untuned.mean_nll - before.loss  # nats per token the fine-tune bought
+if gained > 0:
+    lost_share = (after.loss - before.loss) / gained
+    lines.append(
+        f"* **Compression gave back {'most' if lost_share > 0.5 else 'part'} of what the fine-tune bought.** The "
+        f"fine-tune took these windows from {untuned.perplexity:.1f} (the model as loaded) to {before.perplexity:.1f}; "
+        f"compressed and recovered, the model scores {after.perplexity:.1f}, "
+        + ("back near the model before any fine-tune" if after.perplexity >= 0.85 * untuned.perplexity else
+           "between the two")
+        + f": {lost_share:.0%} of the fine-tune's gain in loss ({gained:.3f} nats per token) is lost again. One run.")
 lines.append(f"* **n and noise:** {n} windows, {protocol['tokens_scored']:,} tokens scored, one seed. The 95% interval "
              f"after compression, {math.exp(bands['recovered'].low):.1f} to {math.exp(bands['recovered'].high):.1f}, "
              "comes from the windows alone; a second seed could move the figure further.")
 display(Markdown("\n".join(lines)))
+
+# %% [markdown]
+# ## Recap
+#
+# * A text task trains on every token of a text and is measured by
+#   perplexity on a held-out part; the engine, the loss and the stages are the
+#   ones of the question/answer task.
+# * A perplexity is meaningless without its protocol (the window, the stride,
+#   which tokens are scored and how many) and without a reference point: the
+#   dense model on the same windows, the model before its fine-tune, and
+#   other methods at the same size.
+# * A ratio of perplexities is `exp` of a difference of mean losses; each
+#   held-out window is one outcome, kept as its summed loss and token count,
+#   so intervals and comparisons on any subset of windows can be recomputed.
 
 # %% [markdown]
 # ## What to try
