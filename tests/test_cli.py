@@ -1,6 +1,7 @@
 """The command line end to end on the tiny model, and its one-line errors."""
 
 import argparse
+import io
 import json
 import os
 import subprocess
@@ -19,7 +20,10 @@ def run_cli(*args, env_cache, stdin=None):
                           input=stdin, timeout=600)
 
 
-def test_compress_eval_chat_end_to_end(tmp_path):
+def test_compress_eval_chat_end_to_end(tmp_path, monkeypatch, capsys):
+    """``python -m bsi compress`` as a user starts it (a new process: the entry point, its exit code, its output),
+    then refusal, ``--force``, ``eval`` and ``chat`` on its folder through the same ``main`` in this process (each
+    new process would only import torch and transformers again, about 5 s)."""
     out = tmp_path / "out"
     done = run_cli("compress", *SMOKE, "--target-ratio", "0.5", "--out", str(out), env_cache=tmp_path / "cache")
     assert done.returncode == 0, done.stderr
@@ -35,26 +39,25 @@ def test_compress_eval_chat_end_to_end(tmp_path):
     assert "accuracy" in done.stdout and "compression:" in done.stdout
 
     # a finished result is never overwritten by surprise
+    monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
     stamp = (out / "model.safetensors").stat().st_mtime_ns
-    refused = run_cli("compress", *SMOKE, "--target-ratio", "0.4", "--out", str(out), env_cache=tmp_path / "cache")
-    assert refused.returncode == 2 and "already holds a result" in refused.stderr and "--force" in refused.stderr
+    assert main(["compress", *SMOKE, "--target-ratio", "0.4", "--out", str(out)]) == 2
+    refused = capsys.readouterr().err
+    assert "already holds a result" in refused and "--force" in refused
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
 
     # with --force it is replaced; the fine-tune stage is cached: the second run reuses it
-    again = run_cli("compress", *SMOKE, "--target-ratio", "0.5", "--out", str(out), "--force", env_cache=tmp_path / "cache")
-    assert again.returncode == 0, again.stderr
+    assert main(["compress", *SMOKE, "--target-ratio", "0.5", "--out", str(out), "--force"]) == 0
     assert json.loads((out / "summary.json").read_text())["ranks"] == summary["ranks"]
+    capsys.readouterr()
 
-    evaluated = run_cli("eval", "--model", str(out), "--examples", "4", "--max-new-tokens", "8", "--json",
-                        env_cache=tmp_path / "cache")
-    assert evaluated.returncode == 0, evaluated.stderr
-    metrics = json.loads(evaluated.stdout)
+    assert main(["eval", "--model", str(out), "--examples", "4", "--max-new-tokens", "8", "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
     assert metrics["examples"] == 4 and metrics["params_total"] == summary["params_after"]
 
-    chatted = run_cli("chat", "--model", str(out), "--max-new-tokens", "5", stdin="hello\n\n",
-                      env_cache=tmp_path / "cache")
-    assert chatted.returncode == 0, chatted.stderr
-    assert "bot>" in chatted.stdout
+    monkeypatch.setattr("sys.stdin", io.StringIO("hello\n\n"))
+    assert main(["chat", "--model", str(out), "--max-new-tokens", "5"]) == 0
+    assert "bot>" in capsys.readouterr().out
 
 
 def test_model_folder_without_linear_layers(tmp_path, capsys, monkeypatch):

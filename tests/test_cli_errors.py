@@ -65,7 +65,7 @@ CASES: dict[str, list[tuple[list[str], str]]] = {
         (["--json"], "unrecognized arguments: --json"),
     ],
     "sweep": [
-        (["--methods", "svd,magic", "--out", "{tmp}/sweep"], "--methods must be among svd, svd-llm, fwsvd, asvd, basel, bsi-grad, bsi, bsi-mag, got 'magic'"),
+        (["--methods", "svd,magic", "--out", "{tmp}/sweep"], "--methods must be among svd, svd-llm, fwsvd, asvd, basel, bsi-grad, bsi, bsi-mag, bsi-curvature, bsi-grad-tested, got 'magic'"),
         (["--targets", "1.5", "--out", "{tmp}/sweep"], "--targets must be numbers in (0, 1]"),
         (["--allocation", "best", "--out", "{tmp}/sweep"], "--allocation must be one of published, uniform, sensitivity"),
         (["--dtype", "fp16", "--out", "{tmp}/sweep"], f"--dtype must be one of {DTYPES}"),

@@ -208,7 +208,7 @@ def test_every_method_is_named_once_and_its_kind_is_answered_one_way():
     from bsi.config import ENGINE_METHODS, METHOD_NAMES, METHOD_SPECS, VARIANT_NAMES, is_engine_method
 
     assert set(METHOD_NAMES) | set(VARIANT_NAMES) == set(METHOD_SPECS) and not set(METHOD_NAMES) & set(VARIANT_NAMES)
-    assert ENGINE_METHODS == ("basel", "bsi-grad", "bsi", "bsi-mag")
+    assert ENGINE_METHODS == ("basel", "bsi-grad", "bsi", "bsi-mag", "bsi-curvature", "bsi-grad-tested")
     assert [is_engine_method(n) for n in ("svd", "asvd", "basel", "bsi-mag", "no-such")] == [False, False, True, True,
                                                                                             False]
     assert METHOD_SPECS["bsi-mag"].compress_settings == {"score": "bsi", "within_layer": "magnitude"}

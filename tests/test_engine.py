@@ -156,6 +156,26 @@ def test_first_order_terms_are_kept_only_where_the_gradient_is_significant(z):
         assert 0 < kept < tested
 
 
+def test_the_ablations_score_bsis_own_measurement_with_one_term_left_out():
+    """Same seed, same batches: bsi-curvature's round measures what bsi's does and scores only its curvature term;
+    bsi-grad-tested's scores only bsi's tested gradient term (the same gradient, the same z-test)."""
+    def first_round(score: str):
+        config = CompressConfig(size=SizeRule.keep(0.5), rounds=1, iters_per_epoch=4, sampling_ratio=0.5, aux_rank=1,
+                                gradient_z=1.0, score=score)
+        _, (report,) = run(Compressor(make_tiny_llama(), token_batches(), config, lm_loss))
+        return report
+
+    bsi, curvature, gradient = first_round("bsi"), first_round("bsi-curvature"), first_round("bsi-grad-tested")
+    assert 0 < bsi.significant_gradients < 1 and gradient.significant_gradients == bsi.significant_gradients
+    assert math.isnan(curvature.significant_gradients)  # no gradient term, nothing tested
+    for ours, only_h, only_g in zip(bsi.layers, curvature.layers, gradient.layers):
+        torch.testing.assert_close(only_h.hessian, ours.hessian)
+        torch.testing.assert_close(only_h.importance, ours.terms["curvature"])
+        torch.testing.assert_close(only_g.grad, ours.grad)
+        torch.testing.assert_close(only_g.hessian, ours.hessian)
+        torch.testing.assert_close(only_g.importance, ours.terms["gradient"])
+
+
 def test_non_finite_batches_are_skipped_counted_and_capped():
     model = make_tiny_llama()
 

@@ -47,6 +47,27 @@ def test_bsi_drops_insignificant_first_order_terms_and_bsi_grad_never_does():
                                torch.tensor([-0.2, 0.2]))
 
 
+def test_each_ablation_is_one_of_bsis_two_terms_as_bsi_computes_it():
+    """bsi-curvature: bsi's second-order term, the first-order one left out; bsi-grad-tested: its first-order term
+    under the same z-test, the second-order one left out."""
+    from bsi.method.scores import get_score
+
+    sigma = torch.tensor([2.0, 1.0, -0.5])
+    grad, hess, se = torch.tensor([0.1, -0.2, 0.3]), torch.tensor([1.0, 2.0, 4.0]), torch.tensor([0.1, 0.01, 0.1])
+    terms = get_score("bsi").terms(sigma, grad, hess, grad_se=se, gradient_z=2.0)
+    curvature = get_score("bsi-curvature").terms(sigma, grad, hess, grad_se=se, gradient_z=2.0)
+    gradient = get_score("bsi-grad-tested").terms(sigma, grad, hess, grad_se=se, gradient_z=2.0)
+    assert set(curvature) == {"curvature"} and set(gradient) == {"gradient"}
+    torch.testing.assert_close(curvature["curvature"], terms["curvature"])
+    torch.testing.assert_close(gradient["gradient"], terms["gradient"])
+    torch.testing.assert_close(gradient["gradient"], torch.tensor([0.0, 0.2, 0.15]))  # basis 0 fails the test
+    # each measures what bsi measures (gradient and curvature, the gradient tested); only the sum differs
+    for name in ("bsi-curvature", "bsi-grad-tested"):
+        score = get_score(name)
+        assert (score.needs_gradient, score.needs_curvature, score.loss_units) == (True, True, True)
+    assert get_score("bsi-grad-tested").tests_gradient and not get_score("bsi-curvature").tests_gradient
+
+
 @pytest.mark.parametrize(
     "dtype,bits", [(torch.float32, 23), (torch.bfloat16, 7), (torch.float16, 10)]
 )

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from bsi.errors import BSIError
 
 #: The allowed values of the settings that take a name (validated, listed in the help).
-SCORES = ("bsi", "bsi-grad", "basel")
+SCORES = ("bsi", "bsi-grad", "basel", "bsi-curvature", "bsi-grad-tested")
 SIZE_MODES = ("target", "keep")
 SELECTIONS = ("auto", "mass", "global")
 BASES = ("whitened", "svd")

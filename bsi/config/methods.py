@@ -53,6 +53,11 @@ METHOD_SPECS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     # ranking test this pair left the lowest held-out loss every round (docs/benchmarks.md)
     MethodSpec("bsi-mag", "BSI's per-layer budgets, the smallest |sigma| removed inside each layer (a variant, not a "
                           "published method)", score="bsi", within_layer="magnitude", variant=True),
+    # the score's two parts, each alone, everything else bsi's (the z-test, the measurement, the selection)
+    MethodSpec("bsi-curvature", "BSI's curvature term alone, 1/2 sigma^2 h (an ablation, not a published method)",
+               score="bsi-curvature", variant=True),
+    MethodSpec("bsi-grad-tested", "BSI's gradient term alone, under BSI's z-test (an ablation, not a published "
+                                  "method)", score="bsi-grad-tested", variant=True),
 )}
 
 METHOD_NAMES = tuple(name for name, spec in METHOD_SPECS.items() if not spec.variant)

@@ -238,7 +238,9 @@ class CompressConfig(JsonConfig):
         return {"hutchinson": HutchinsonConfig, "size": SizeRule}
 
     score: str = option("bsi", "importance score: bsi (gradient + curvature), bsi-grad (gradient only), "
-                               "basel (|sigma|)", choices=SCORES)
+                               "basel (|sigma|); two one-change ablations of bsi: bsi-curvature (its curvature "
+                               "term alone) and bsi-grad-tested (its gradient term alone, under its z-test)",
+                        choices=SCORES)
     size: SizeRule = option(default_factory=SizeRule, flat=True,
                             help="how much is pruned: a target size or the paper's KeepRatio (SizeRule); "
                                  "flat in files and flags (size_mode, target_ratio, keep_ratio, stops)")

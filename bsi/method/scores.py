@@ -38,6 +38,15 @@ class Score:
         bsi-grad:  I_i = -sigma_i * g_i                  (first-order term only)
         basel:     I_i = |sigma_i|                       (magnitude after re-learning)
 
+    Two ablations change one thing each in ``bsi``, so that a sweep can say
+    what each of its terms does::
+
+        bsi-curvature:    I_i = 1/2 * sigma_i^2 * h_i    (the gradient term dropped)
+        bsi-grad-tested:  I_i = -sigma_i * g_i           (where the z-test passes it, else 0;
+                                                          the curvature term dropped)
+
+    Both measure what ``bsi`` measures; only the sum leaves a term out.
+
     The gradient ``g`` is a mean over a few mini-batches. Near a fine-tuned
     minimum its expectation is about zero, so for most bases ``-sigma_i g_i``
     is batch noise, and noise larger than the second-order term: measured on
@@ -58,6 +67,11 @@ class Score:
             layers (``basel``'s magnitudes are not).
         tests_gradient: the first-order term of a basis counts only if its
             gradient passes the significance test (when a standard error is given).
+        gradient_term, curvature_term: the term is part of the score. An
+            ablation sets one False and keeps ``needs_gradient`` and
+            ``needs_curvature`` True: the engine then measures exactly what
+            ``bsi`` measures (the same batches, the same per-example
+            gradients, the same z-test) and the score leaves that term out.
     """
 
     name: str
@@ -66,6 +80,8 @@ class Score:
     loss_units: bool
     description: str
     tests_gradient: bool = False  # the first-order term is kept only where significant (given se and z > 0)
+    gradient_term: bool = True  # False: the gradient is measured but its term is not scored
+    curvature_term: bool = True  # False: the curvature is measured but its term is not scored
 
     def terms(self, sigma: torch.Tensor, grad: torch.Tensor | None = None,
               curvature: torch.Tensor | None = None, *, grad_se: torch.Tensor | None = None,
@@ -79,12 +95,12 @@ class Score:
         if self.needs_gradient and grad is None or self.needs_curvature and curvature is None:
             raise BSIError(f"score '{self.name}' needs the gradient{' and the curvature' if self.needs_curvature else ''}")
         out: dict[str, torch.Tensor] = {}
-        if self.needs_gradient:
+        if self.needs_gradient and self.gradient_term:
             assert grad is not None  # checked above
             if self.tests_gradient and grad_se is not None and gradient_z > 0:
                 grad = significant_gradient(grad, grad_se, gradient_z)
             out["gradient"] = -sigma * grad.float()  # first-order term
-        if self.needs_curvature:
+        if self.needs_curvature and self.curvature_term:
             assert curvature is not None  # checked above
             out["curvature"] = 0.5 * sigma.square() * curvature.float()  # second-order term
         if not out:
@@ -106,6 +122,11 @@ SCORES: dict[str, Score] = {
                  tests_gradient=True),
     "bsi-grad": Score("bsi-grad", True, False, True, "BSI without the second-order term"),
     "basel": Score("basel", False, False, False, "Basel: the re-learned |sigma|"),
+    "bsi-curvature": Score("bsi-curvature", True, True, True, "BSI's curvature term alone (an ablation)",
+                           gradient_term=False),
+    "bsi-grad-tested": Score("bsi-grad-tested", True, True, True,
+                             "BSI's gradient term alone, under BSI's z-test (an ablation)", tests_gradient=True,
+                             curvature_term=False),
 }
 assert tuple(SCORES) == SCORE_NAMES, "bsi.config.SCORES must list the registry's names"
 
