@@ -47,7 +47,11 @@ def tier_of(item: pytest.Item) -> str:
     return "unit" if name in UNIT_FILES else "integration"
 
 
-def recorded_file_seconds(folder: Path = Path(__file__).resolve().parents[1] / "data" / "speed") -> dict[str, float]:
+#: where bench/test_durations.py's records are kept
+SPEED_DATA = Path(__file__).resolve().parents[1] / "data" / "speed"
+
+
+def recorded_file_seconds(folder: Path = SPEED_DATA) -> dict[str, float]:
     """Each test file's seconds in the newest recorded suite run (``bench/test_durations.py``'s JSON), or {}.
 
     The files are ``test-durations-<date>-...json``; the newest date wins (a
