@@ -66,7 +66,7 @@ def test_lm_eval_command_line_loads_an_export_with_parallelize_and_scores_as_its
 
     model, tokenizer = load_compressed(smoke_export)
     results = simple_evaluate(model=HFLM(pretrained=model, tokenizer=tokenizer, batch_size=1), tasks=["bsi_wikitext2"],
-                              task_manager=harness.task_manager(), limit=2)
+                              task_manager=harness.task_manager(tasks=["bsi_wikitext2"]), limit=2)
     for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
         assert results["results"]["bsi_wikitext2"][metric] == pytest.approx(spread[metric], rel=1e-4)
 
@@ -80,6 +80,15 @@ def test_bsi_eval_lm_eval_reports_the_shipped_tasks(smoke_export, capsys):
     text = result["metrics"]["bsi_wikitext2"]
     assert text["word_perplexity"] > text["byte_perplexity"] > 1  # a word spans several bytes
     assert result["metrics"]["bsi_embedded_math"]["exact_match"] in (0.0, 0.5, 1.0)
+
+
+def test_bsis_own_tasks_build_without_reading_lm_evals_task_files():
+    """Asked only for the tasks bsi ships, the manager skips lm-eval's own index; any other task reads it."""
+    own = harness.task_manager(tasks=list(harness.SHIPPED_TASKS))
+    assert set(harness.SHIPPED_TASKS) <= set(own.all_tasks) and len(own.all_tasks) < 20
+    harness.check_tasks(list(harness.SHIPPED_TASKS), own)  # both build from the package alone
+    everything = harness.task_manager(tasks=["bsi_wikitext2", "hellaswag"])
+    assert {"bsi_wikitext2", "hellaswag"} <= set(everything.all_tasks) and len(everything.all_tasks) > 1000
 
 
 def test_shipped_tasks_read_bsis_own_data():
@@ -164,7 +173,7 @@ def test_lm_eval_on_the_embedded_models_export(tmp_path):
     assert 0.5 < result["bits_per_byte,none"] < 2.0  # a working model on Wikipedia text (uniform bytes: 8)
     loaded, tokenizer = load_compressed(folder)
     api = simple_evaluate(model=HFLM(pretrained=loaded, tokenizer=tokenizer, batch_size=1), tasks=["bsi_wikitext2"],
-                          task_manager=harness.task_manager(), limit=1)["results"]["bsi_wikitext2"]
+                          task_manager=harness.task_manager(tasks=["bsi_wikitext2"]), limit=1)["results"]["bsi_wikitext2"]
     assert api["word_perplexity,none"] == pytest.approx(result["word_perplexity,none"], rel=1e-4)
 
 

@@ -343,7 +343,7 @@ def _run_eval_lm_eval(args: argparse.Namespace) -> int:
         raise BSIError("--data is for bsi's own evaluation: with --lm-eval the tasks say what is scored")
     tasks = harness.parse_tasks(args.lm_eval)
     harness.check_lm_eval()
-    manager = harness.task_manager(args.include_path)
+    manager = harness.task_manager(args.include_path, tasks)
     harness.check_tasks(tasks, manager)
     model = _lm_eval_model_folder(args.model)
     from bsi.models import resolve_device
@@ -351,7 +351,7 @@ def _run_eval_lm_eval(args: argparse.Namespace) -> int:
     device = str(resolve_device(args.device))
     result = harness.run_lm_eval(model, tasks, limit=args.limit, include_path=args.include_path, device=device,
                                  dtype=args.dtype, batch_size=args.batch_size or 1,
-                                 trust_remote_code=args.trust_remote_code)
+                                 trust_remote_code=args.trust_remote_code, manager=manager)
     if args.json:
         print(harness.result_json(result))
     else:

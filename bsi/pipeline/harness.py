@@ -34,6 +34,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,10 +67,17 @@ def parse_tasks(text: str) -> list[str]:
     return tasks
 
 
-def task_manager(include_path: str | Path | None = None):
-    """lm-eval's ``TaskManager`` over its own tasks, bsi's folder and ``include_path`` (a folder of task YAMLs)."""
+def task_manager(include_path: str | Path | None = None, tasks: Sequence[str] | None = None):
+    """lm-eval's ``TaskManager`` over its own tasks, bsi's folder and ``include_path`` (a folder of task YAMLs).
+
+    ``tasks``: the tasks it will be asked for. When every one is a task bsi
+    ships (and no ``include_path`` is given), lm-eval's own thousands of task
+    files are left unread: indexing them takes 5-10 s on 2 cores, twice per
+    ``bsi eval --lm-eval`` before. Any other task, or none named, reads them.
+    """
     from lm_eval.tasks import TaskManager
 
+    own_only = include_path is None and tasks is not None and all(t in SHIPPED_TASKS for t in tasks)
     paths = [str(TASKS_FOLDER)]
     if include_path is not None:
         folder = Path(include_path).expanduser()
@@ -78,7 +86,7 @@ def task_manager(include_path: str | Path | None = None):
                            "YAML files")
         check_task_files(folder)
         paths.append(str(folder))
-    return TaskManager(include_path=paths)
+    return TaskManager(include_path=paths, include_defaults=not own_only)
 
 
 def check_task_files(folder: Path) -> None:
@@ -180,7 +188,7 @@ def metrics_of(results: dict[str, Any], tasks: list[str]) -> tuple[dict[str, dic
 
 def run_lm_eval(model: str, tasks: list[str], *, limit: int | None = None, include_path: str | Path | None = None,
                 device: str = "cpu", dtype: str = "auto", batch_size: int = 1, trust_remote_code: bool = False,
-                chat_template: bool | None = None) -> HarnessResult:
+                chat_template: bool | None = None, manager: Any = None) -> HarnessResult:
     """Evaluate the model folder ``model`` on lm-eval ``tasks`` through lm-eval's ``hf`` model; checks first.
 
     Args:
@@ -191,10 +199,13 @@ def run_lm_eval(model: str, tasks: list[str], *, limit: int | None = None, inclu
             template (lm-eval's ``--apply_chat_template``), as bsi prompts;
             rolling log-likelihood tasks score the text alone either way.
             None: when the folder's tokenizer has one (bsi's own rule).
+        manager: a :func:`task_manager` that has checked ``tasks`` already
+            (:func:`check_tasks`); None builds and checks one.
     """
     version = check_lm_eval()
-    manager = task_manager(include_path)
-    check_tasks(tasks, manager)
+    if manager is None:
+        manager = task_manager(include_path, tasks)
+        check_tasks(tasks, manager)
     import lm_eval
 
     logging.getLogger("lm_eval").setLevel(logging.WARNING)
