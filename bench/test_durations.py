@@ -1,8 +1,14 @@
 """Where the test suite's minutes go: every test's setup, call and teardown time, by test and by file, kept as data.
 
-    python bench/test_durations.py --out data/speed/test-durations.json             # one process, as CI runs it
-    python bench/test_durations.py --workers 2 --out runs/two-workers.json          # two pytest-xdist workers
+    python bench/test_durations.py                                                  # as make test runs it: 2 workers
+    python bench/test_durations.py --workers 1 --out runs/one-process.json          # one process, every test on all cores
     python bench/test_durations.py --read runs/pytest.txt --out runs/durations.json # only read a pytest output
+
+Without ``--out`` the record goes to ``data/speed/`` under a name that says
+when, on which CPU and with how many workers it was measured
+(``test-durations-2026-11-28-amd-epyc-2w.json``): the data is kept per
+machine, and the newest record orders the files for the workers
+(``tests/conftest.py``).
 
 It runs pytest as ``make test`` does (``-n N --dist loadfile`` for N > 1)
 with ``--durations=0`` (``--raw FILE`` keeps its whole output) and writes
@@ -65,6 +71,13 @@ def read_durations(text: str) -> dict[str, object]:
     }
 
 
+def default_name(record: dict) -> str:
+    """``test-durations-<date>-<cpu>-<workers>w.json``: the CPU's first two words, lower case, dashed."""
+    words = re.findall(r"[a-z0-9]+", str(record["machine"].get("cpu", "cpu")).lower())
+    words = [w for w in words if w not in ("r", "tm", "cpu", "processor")][:2] or ["cpu"]
+    return f"test-durations-{record['date']}-{'-'.join(words)}-{record['workers']}w.json"
+
+
 def table(record: dict, rows: int = 20) -> str:
     """The files that took longest, as a Markdown table."""
     lines = [f"{record['summary']} in {record['wall_s']:.0f} s; {record['seconds_in_tests']:.0f} s inside tests",
@@ -75,9 +88,9 @@ def table(record: dict, rows: int = 20) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=1, help="pytest-xdist workers (1: one process, as CI)")
+    parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (2, as make test; 1: one process)")
     parser.add_argument("--read", default=None, help="read this saved pytest output instead of running the tests")
-    parser.add_argument("--out", required=True, help="the JSON to write")
+    parser.add_argument("--out", default=None, help="the JSON to write (default: data/speed/test-durations-DATE-CPU-Nw.json)")
     parser.add_argument("--raw", default=None, help="where to keep pytest's whole output (default: not kept)")
     parser.add_argument("--label", default="", help="a note kept in the JSON (what differs in this run)")
     args = parser.parse_args(argv)
@@ -91,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         text = done.stdout + done.stderr
         if args.raw:
             atomic_write_text(args.raw, text)  # (it makes the folder too)
-    record = {"date": datetime.date.today().isoformat(), "machine": machine(), "workers": args.workers,
-              "label": args.label, **read_durations(text)}
-    atomic_write_text(args.out, json.dumps(record, indent=1) + "\n")
+    now = datetime.datetime.now(datetime.timezone.utc)
+    record = {"date": now.date().isoformat(), "time_utc": now.strftime("%H:%M"), "machine": machine(),
+              "workers": args.workers, "label": args.label, **read_durations(text)}
+    out = args.out or ROOT / "data" / "speed" / default_name(record)
+    atomic_write_text(out, json.dumps(record, indent=1) + "\n")
     print(table(record))
     return 0
 

@@ -52,20 +52,25 @@ SPEED_DATA = Path(__file__).resolve().parents[1] / "data" / "speed"
 
 
 def recorded_file_seconds(folder: Path = SPEED_DATA) -> dict[str, float]:
-    """Each test file's seconds in the newest recorded suite run (``bench/test_durations.py``'s JSON), or {}.
+    """Each test file's seconds in the newest recorded suite run on workers (``bench/test_durations.py``), or {}.
 
-    The files are ``test-durations-<date>-...json``; the newest date wins (a
-    name sorts by its date), and a file missing or unreadable gives no order.
+    Newest by the record's date and time (records before times were kept
+    count as that day's earliest), a run on several workers (as ``make
+    test`` runs) before one on one process; an unreadable record is passed over.
     """
     import json
 
-    runs = sorted(folder.glob("test-durations-*.json"))
-    if not runs:
-        return {}
-    try:
-        return {Path(name).name: float(s) for name, s in json.loads(runs[-1].read_text())["files"].items()}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
+    newest: tuple[str, str, bool, str] | None = None
+    files: dict[str, float] = {}
+    for path in folder.glob("test-durations-*.json"):
+        try:
+            record = json.loads(path.read_text())
+            key = (str(record["date"]), str(record.get("time_utc", "")), int(record["workers"]) > 1, path.name)
+            if newest is None or key > newest:
+                newest, files = key, {Path(name).name: float(s) for name, s in record["files"].items()}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return files
 
 
 def pytest_collection_modifyitems(config, items):

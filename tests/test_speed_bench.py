@@ -113,7 +113,8 @@ def test_test_durations_reads_every_phase_of_every_test_and_sums_them_by_file(tm
         "(12 durations < 0.005s hidden.  Use -vv to show these durations.)",
         "5 passed, 1 skipped, 3 warnings in 20.75s (0:00:20)",
     ]) + "\n")
-    assert durations.main(["--read", str(output), "--out", str(tmp_path / "d.json"), "--label", "a label"]) == 0
+    assert durations.main(["--read", str(output), "--out", str(tmp_path / "d.json"), "--label", "a label",
+                           "--workers", "1"]) == 0
     record = json.loads((tmp_path / "d.json").read_text())
     assert record["wall_s"] == 20.75 and record["summary"] == "5 passed, 1 skipped, 3 warnings"
     assert record["tests"]["tests/test_a.py::test_one[close the client]"] == {"call": 12.5, "setup": 2.0,
@@ -122,7 +123,29 @@ def test_test_durations_reads_every_phase_of_every_test_and_sums_them_by_file(tm
     assert list(record["files"]) == ["tests/test_a.py", "tests/test_b.py"] and record["seconds_in_tests"] == 17.85
     assert record["label"] == "a label" and record["workers"] == 1
     assert "| tests/test_a.py | 14.8 |" in capsys.readouterr().out
+    # kept per machine: the default name says the date, the CPU and the workers
+    for cpu, name in (("AMD EPYC", "amd-epyc"), ("Intel(R) Xeon(R) CPU @ 2.20GHz", "intel-xeon"), ("", "cpu")):
+        assert durations.default_name({**record, "machine": {"cpu": cpu}, "workers": 2}) == \
+            f"test-durations-{record['date']}-{name}-2w.json"
     output.write_text("no summary here\n")
     with pytest.raises(SystemExit, match="no pytest summary line"):
         durations.main(["--read", str(output), "--out", str(tmp_path / "e.json")])
     assert not (tmp_path / "e.json").exists()
+
+
+def test_the_workers_take_the_files_longest_first_from_the_newest_record(tmp_path):
+    """tests/conftest.py orders the files by the newest record on workers; one unreadable record changes nothing."""
+    from conftest import recorded_file_seconds
+
+    def record(name, date, workers, files, time=None):
+        kept = {"date": date, "workers": workers, "files": files} | ({"time_utc": time} if time else {})
+        (tmp_path / name).write_text(json.dumps(kept))
+
+    assert recorded_file_seconds(tmp_path) == {}
+    record("test-durations-2026-11-27-amd-epyc-2w.json", "2026-11-27", 2, {"tests/test_a.py": 9.0})
+    record("test-durations-2026-11-28-one-process.json", "2026-11-28", 1, {"tests/test_b.py": 1.0})
+    record("test-durations-2026-11-28-amd-epyc-2w.json", "2026-11-28", 2, {"tests/test_c.py": 5.0,
+                                                                            "tests/test_d.py": 7.0}, "20:40")
+    record("test-durations-2026-11-28-two-workers.json", "2026-11-28", 2, {"tests/test_e.py": 3.0})  # no time
+    (tmp_path / "test-durations-2026-11-29-broken.json").write_text("{not json")
+    assert recorded_file_seconds(tmp_path) == {"test_c.py": 5.0, "test_d.py": 7.0}

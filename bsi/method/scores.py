@@ -38,15 +38,6 @@ class Score:
         bsi-grad:  I_i = -sigma_i * g_i                  (first-order term only)
         basel:     I_i = |sigma_i|                       (magnitude after re-learning)
 
-    Two ablations change one thing each in ``bsi``, so that a sweep can say
-    what each of its terms does::
-
-        bsi-curvature:    I_i = 1/2 * sigma_i^2 * h_i    (the gradient term dropped)
-        bsi-grad-tested:  I_i = -sigma_i * g_i           (where the z-test passes it, else 0;
-                                                          the curvature term dropped)
-
-    Both measure what ``bsi`` measures; only the sum leaves a term out.
-
     The gradient ``g`` is a mean over a few mini-batches. Near a fine-tuned
     minimum its expectation is about zero, so for most bases ``-sigma_i g_i``
     is batch noise, and noise larger than the second-order term: measured on
@@ -67,11 +58,6 @@ class Score:
             layers (``basel``'s magnitudes are not).
         tests_gradient: the first-order term of a basis counts only if its
             gradient passes the significance test (when a standard error is given).
-        gradient_term, curvature_term: the term is part of the score. An
-            ablation sets one False and keeps ``needs_gradient`` and
-            ``needs_curvature`` True: the engine then measures exactly what
-            ``bsi`` measures (the same batches, the same per-example
-            gradients, the same z-test) and the score leaves that term out.
     """
 
     name: str
@@ -80,8 +66,6 @@ class Score:
     loss_units: bool
     description: str
     tests_gradient: bool = False  # the first-order term is kept only where significant (given se and z > 0)
-    gradient_term: bool = True  # False: the gradient is measured but its term is not scored
-    curvature_term: bool = True  # False: the curvature is measured but its term is not scored
 
     def terms(self, sigma: torch.Tensor, grad: torch.Tensor | None = None,
               curvature: torch.Tensor | None = None, *, grad_se: torch.Tensor | None = None,
@@ -95,12 +79,12 @@ class Score:
         if self.needs_gradient and grad is None or self.needs_curvature and curvature is None:
             raise BSIError(f"score '{self.name}' needs the gradient{' and the curvature' if self.needs_curvature else ''}")
         out: dict[str, torch.Tensor] = {}
-        if self.needs_gradient and self.gradient_term:
+        if self.needs_gradient:
             assert grad is not None  # checked above
             if self.tests_gradient and grad_se is not None and gradient_z > 0:
                 grad = significant_gradient(grad, grad_se, gradient_z)
             out["gradient"] = -sigma * grad.float()  # first-order term
-        if self.needs_curvature and self.curvature_term:
+        if self.needs_curvature:
             assert curvature is not None  # checked above
             out["curvature"] = 0.5 * sigma.square() * curvature.float()  # second-order term
         if not out:
@@ -116,17 +100,46 @@ class Score:
         return total
 
 
+@dataclass(frozen=True)
+class OneTermScore(Score):
+    """``bsi`` with one of its two terms left out: a one-change ablation, named as such.
+
+    It measures exactly what ``bsi`` measures (the same batches, per-example
+    gradients and curvature, the same z-test on the gradient) and sums the
+    other term alone, so that a sweep can say what each term does::
+
+        bsi-curvature:    I_i = 1/2 * sigma_i^2 * h_i    (the gradient term left out)
+        bsi-grad-tested:  I_i = -sigma_i * g_i           (where the z-test passes it, else 0;
+                                                          the curvature term left out)
+
+    ``bsi-grad`` differs from ``bsi-grad-tested`` in two things: it measures
+    no curvature, and its gradient term is never tested.
+
+    Attributes:
+        leaves_out: the term ``bsi`` has and this score does not (``gradient`` or ``curvature``).
+    """
+
+    leaves_out: str = "gradient"
+
+    def terms(self, sigma: torch.Tensor, grad: torch.Tensor | None = None,
+              curvature: torch.Tensor | None = None, *, grad_se: torch.Tensor | None = None,
+              gradient_z: float = 0.0) -> dict[str, torch.Tensor]:
+        """``bsi``'s terms (:meth:`Score.terms`) without :attr:`leaves_out`, each (r,) float32."""
+        every = super().terms(sigma, grad, curvature, grad_se=grad_se, gradient_z=gradient_z)
+        return {name: term for name, term in every.items() if name != self.leaves_out}
+
+
 #: name -> score. The registry the config, the CLI and the dashboard read.
 SCORES: dict[str, Score] = {
     "bsi": Score("bsi", True, True, True, "BSI: first- plus second-order predicted loss increase",
                  tests_gradient=True),
     "bsi-grad": Score("bsi-grad", True, False, True, "BSI without the second-order term"),
     "basel": Score("basel", False, False, False, "Basel: the re-learned |sigma|"),
-    "bsi-curvature": Score("bsi-curvature", True, True, True, "BSI's curvature term alone (an ablation)",
-                           gradient_term=False),
-    "bsi-grad-tested": Score("bsi-grad-tested", True, True, True,
-                             "BSI's gradient term alone, under BSI's z-test (an ablation)", tests_gradient=True,
-                             curvature_term=False),
+    "bsi-curvature": OneTermScore("bsi-curvature", True, True, True, "BSI's curvature term alone (an ablation)",
+                                  leaves_out="gradient"),
+    "bsi-grad-tested": OneTermScore("bsi-grad-tested", True, True, True,
+                                    "BSI's gradient term alone, under BSI's z-test (an ablation)",
+                                    tests_gradient=True, leaves_out="curvature"),
 }
 assert tuple(SCORES) == SCORE_NAMES, "bsi.config.SCORES must list the registry's names"
 
