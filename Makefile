@@ -23,7 +23,7 @@ OUT    ?= runs/default
 # each worker on one thread (tests/conftest.py), the long files first; 1 runs it in this process, one test after
 # another, each on all the cores. Measured on 2 cores: bench/test_durations.py, data/speed/test-durations-*
 TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+PYTEST := $(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 .PHONY: setup gemma run app compress lint test test-fast test-integration test-e2e bench lab walkthroughs docs chromium clean
 

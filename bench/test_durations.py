@@ -10,7 +10,7 @@ when, on which CPU and with how many workers it was measured
 machine, and the newest record orders the files for the workers
 (``tests/conftest.py``).
 
-It runs pytest as ``make test`` does (``-n N --dist loadfile`` for N > 1)
+It runs pytest as ``make test`` does (``-n N --dist loadfile --no-loadscope-reorder`` for N > 1)
 with ``--durations=0`` (``--raw FILE`` keeps its whole output) and writes
 what pytest measured: the wall time it printed, its summary line,
 each test's phases, and each file's sum. The sums are the work the tests
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0", "--durations-min=0"]
         if args.workers > 1:
-            command += ["-n", str(args.workers), "--dist", "loadfile"]
+            command += ["-n", str(args.workers), "--dist", "loadfile", "--no-loadscope-reorder"]  # as make test
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         text = done.stdout + done.stderr
         if args.raw:

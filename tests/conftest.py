@@ -78,8 +78,9 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, tier_of(item)))
     if not os.environ.get("PYTEST_XDIST_WORKER"):  # only on workers: a one-process run keeps the files' own order
         return
-    # pytest-xdist (``--dist loadfile``) hands the files to the workers in this order: the longest first, so that
-    # no long file is left for the end while the other worker idles (longest-processing-time-first)
+    # pytest-xdist (``--dist loadfile --no-loadscope-reorder``, as make test runs it) hands the files to the workers
+    # in this order: the longest first, so that no long file is left for the end while the other worker idles
+    # (longest-processing-time first). Without --no-loadscope-reorder it would put the files with most tests first.
     seconds = recorded_file_seconds()
 
     def start(item: pytest.Item) -> tuple[float, str]:
