@@ -650,6 +650,63 @@ def equal_training(same: str, equal: str, method: str) -> str:
     return "\n".join(rows)
 
 
+def score_ablation(ablations: str, *others: str) -> str:
+    """The anchor (``bsi``) against one-change ablations of its score, size by size, on the seeds ``ablations`` holds.
+
+    ``ablations`` is a shipped sweep with the anchor and its ablations
+    (``bsi-curvature``, ``bsi-grad-tested``); each of ``others`` is
+    ``FOLDER:METHOD``, a method taken from another shipped sweep of the same
+    preset, restricted to the same seeds (the same test problems and the same
+    anchor models, as the anchor's rows in both say). Per cell: accuracy /
+    loss, then the anchor minus the method with its paired 95% bootstrap
+    interval over the test problems (**bold**: excludes 0), and the share of
+    the tested gradient terms that passed the z-test along the path where
+    the score tests them.
+    """
+    from bsi.analysis.study import folder_loader, study_stats
+    from bsi.results import read_study_rows
+
+    def table(name: str, seeds: set[int] | None = None) -> tuple[dict, list]:
+        folder = ROOT / "data" / "sweeps" / name
+        rows = [r for r in read_study_rows(folder / "results.jsonl") if seeds is None or r.seed in seeds]
+        return study_stats(rows, folder_loader(folder), ["tuned"])["protocols"]["tuned"]["methods"], rows
+
+    cells, rows = table(ablations)
+    seeds = {r.seed for r in rows}
+    anchor = next(iter(cells))
+    methods = [(m, cells[m], rows) for m in cells if m != anchor]
+    for other in others:
+        name, method = other.split(":")
+        other_cells, other_rows = table(name, seeds)
+        methods.insert(0, (method, other_cells[method], other_rows))
+    sizes = sorted(cells[anchor], key=float, reverse=True)
+
+    def passed(rows: list, who: str, size: str) -> str:
+        row = next((r for r in rows if r.method == who and f"{r.target:g}" == size and r.recovered), None)
+        share = None if row is None or row.run is None else row.run.gradient_passed
+        return "" if share is None or share != share else f"; {100 * share:.1f}% passed"
+
+    def shown(cell: dict) -> str:
+        return f"{100 * cell['accuracy']['estimate']:.1f}% / {cell['loss']['estimate']:.3f}"
+
+    lines = [f"| size | `{anchor}`: accuracy / loss | " + " | ".join(
+        f"`{m}` | `{anchor}` minus it" for m, _, _ in methods) + " |", "|---|---|" + "---|---|" * len(methods)]
+    for size in sizes:
+        cell = cells[anchor][size]
+        line = f"| {size} ({cell['compression_ratio']:.2f}x) | {shown(cell)}{passed(rows, anchor, size)} |"
+        for method, theirs, their_rows in methods:
+            if size not in theirs:
+                line += " - | - |"
+                continue
+            line += (f" {shown(theirs[size])}{passed(their_rows, method, size)} | "
+                     f"{_points_and_loss(theirs[size]['vs_anchor'])} |")
+        lines.append(line)
+    lines += ["", f"Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))}; "
+                  f"{len(rows) and next(r for r in rows if r.method == anchor).examples} test problems for accuracy; "
+                  "the same recovery for every method (16 steps after its path)."]
+    return "\n".join(lines)
+
+
 def sweep_log_rounds(name: str, *shown: str) -> str:
     """The mean tuning loss of chosen rounds from each ``sweep-<label>.log`` shipped in ``data/sweeps/<name>``.
 
@@ -756,7 +813,8 @@ GENERATORS: dict[str, Callable[..., str]] = {"flags": flag_tables, "json-only": 
                                              "sweeps-side-by-side": sweeps_side_by_side, "sweep-seeds": sweep_seeds,
                                              "sweep-log-rounds": sweep_log_rounds, "run-profiles": run_profiles,
                                              "speed-evaluation": speed_evaluation, "test-durations": suite_durations,
-                                             "whatif-speed": whatif_speed, "equal-training": equal_training}
+                                             "whatif-speed": whatif_speed, "equal-training": equal_training,
+                                             "score-ablation": score_ablation}
 
 
 def generate(what: str) -> str:
