@@ -650,11 +650,11 @@ def equal_training(same: str, equal: str, method: str) -> str:
     return "\n".join(rows)
 
 
-def score_ablation(ablations: str, *others: str) -> str:
+def score_ablation(ablations: str, methods: str, *others: str) -> str:
     """The anchor (``bsi``) against one-change ablations of its score, size by size, on the seeds ``ablations`` holds.
 
-    ``ablations`` is a shipped sweep with the anchor and its ablations
-    (``bsi-curvature``, ``bsi-grad-tested``); each of ``others`` is
+    ``ablations`` is a shipped sweep with the anchor and the ``methods``
+    (comma-separated: ``bsi-curvature,bsi-grad-tested``); each of ``others`` is
     ``FOLDER:METHOD``, a method taken from another shipped sweep of the same
     preset, restricted to the same seeds (the same test problems and the same
     anchor models, as the anchor's rows in both say). Per cell: accuracy /
@@ -674,11 +674,11 @@ def score_ablation(ablations: str, *others: str) -> str:
     cells, rows = table(ablations)
     seeds = {r.seed for r in rows}
     anchor = next(iter(cells))
-    methods = [(m, cells[m], rows) for m in cells if m != anchor]
+    compared = [(m, cells[m], rows) for m in methods.split(",")]
     for other in others:
         name, method = other.split(":")
         other_cells, other_rows = table(name, seeds)
-        methods.insert(0, (method, other_cells[method], other_rows))
+        compared.insert(0, (method, other_cells[method], other_rows))
     sizes = sorted(cells[anchor], key=float, reverse=True)
 
     def passed(rows: list, who: str, size: str) -> str:
@@ -690,11 +690,11 @@ def score_ablation(ablations: str, *others: str) -> str:
         return f"{100 * cell['accuracy']['estimate']:.1f}% / {cell['loss']['estimate']:.3f}"
 
     lines = [f"| size | `{anchor}`: accuracy / loss | " + " | ".join(
-        f"`{m}` | `{anchor}` minus it" for m, _, _ in methods) + " |", "|---|---|" + "---|---|" * len(methods)]
+        f"`{m}` | `{anchor}` minus it" for m, _, _ in compared) + " |", "|---|---|" + "---|---|" * len(compared)]
     for size in sizes:
         cell = cells[anchor][size]
         line = f"| {size} ({cell['compression_ratio']:.2f}x) | {shown(cell)}{passed(rows, anchor, size)} |"
-        for method, theirs, their_rows in methods:
+        for method, theirs, their_rows in compared:
             if size not in theirs:
                 line += " - | - |"
                 continue
@@ -702,7 +702,7 @@ def score_ablation(ablations: str, *others: str) -> str:
                      f"{_points_and_loss(theirs[size]['vs_anchor'])} |")
         lines.append(line)
     lines += ["", f"Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))}; "
-                  f"{len(rows) and next(r for r in rows if r.method == anchor).examples} test problems for accuracy; "
+                  f"{next(r for r in rows if r.method == anchor).metrics.examples} test problems for accuracy; "
                   "the same recovery for every method (16 steps after its path)."]
     return "\n".join(lines)
 
