@@ -59,13 +59,19 @@ def script_flags() -> set[str]:
     return flags
 
 
+def makefile_pytest_flags() -> set[str]:
+    """The pytest and pytest-xdist flags ``make test`` passes (the Makefile's ``PYTEST :=`` line)."""
+    line = next(line for line in (ROOT / "Makefile").read_text().splitlines() if line.startswith("PYTEST :="))
+    return set(FLAG.findall(line))
+
+
 def test_the_generated_parts_are_what_the_code_generates():
     assert stale() == [], "regenerate them with `make docs` (python -m bsi.cli.docs)"
 
 
 @pytest.mark.parametrize("document", DOCUMENTS, ids=[str(d.relative_to(ROOT)) for d in DOCUMENTS])
 def test_every_flag_a_document_names_exists(document):
-    known = bsi_flags() | script_flags() | LAUNCHER_FLAGS
+    known = bsi_flags() | script_flags() | LAUNCHER_FLAGS | makefile_pytest_flags()
     named = set(FLAG.findall(document.read_text(encoding="utf-8")))
     assert named - known == set(), f"{document.name} names flags no parser has: {sorted(named - known)}"
 
