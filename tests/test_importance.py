@@ -66,6 +66,10 @@ def test_each_ablation_is_one_of_bsis_two_terms_as_bsi_computes_it():
         score = get_score(name)
         assert (score.needs_gradient, score.needs_curvature, score.loss_units) == (True, True, True)
     assert get_score("bsi-grad-tested").tests_gradient and not get_score("bsi-curvature").tests_gradient
+    from bsi.method.scores import OneTermScore
+
+    with pytest.raises(BSIError, match="leaves out 'gradient' or 'curvature'"):
+        OneTermScore("odd", True, True, True, "an ablation of nothing", leaves_out="magnitude")
 
 
 @pytest.mark.parametrize(

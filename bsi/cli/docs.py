@@ -680,6 +680,7 @@ def score_ablation(ablations: str, methods: str, *others: str) -> str:
         other_cells, other_rows = table(name, seeds)
         compared.insert(0, (method, other_cells[method], other_rows))
     sizes = sorted(cells[anchor], key=float, reverse=True)
+    first = next(r for r in rows if r.method == anchor and r.recovered)
 
     def passed(rows: list, who: str, size: str) -> str:
         row = next((r for r in rows if r.method == who and f"{r.target:g}" == size and r.recovered), None)
@@ -702,8 +703,8 @@ def score_ablation(ablations: str, methods: str, *others: str) -> str:
                      f"{_points_and_loss(theirs[size]['vs_anchor'])} |")
         lines.append(line)
     lines += ["", f"Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))}; "
-                  f"{next(r for r in rows if r.method == anchor).metrics.examples} test problems for accuracy; "
-                  "the same recovery for every method (16 steps after its path)."]
+                  f"{first.metrics.examples} test problems for accuracy; the same recovery for every method "
+                  f"({first.run.recover_steps if first.run else '?'} steps after its path)."]
     return "\n".join(lines)
 
 

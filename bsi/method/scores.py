@@ -121,6 +121,11 @@ class OneTermScore(Score):
 
     leaves_out: str = "gradient"
 
+    def __post_init__(self) -> None:
+        if self.leaves_out not in ("gradient", "curvature") or not (self.needs_gradient and self.needs_curvature):
+            raise BSIError(f"an ablation of bsi leaves out 'gradient' or 'curvature' and measures both, got "
+                           f"leaves_out={self.leaves_out!r}")
+
     def terms(self, sigma: torch.Tensor, grad: torch.Tensor | None = None,
               curvature: torch.Tensor | None = None, *, grad_se: torch.Tensor | None = None,
               gradient_z: float = 0.0) -> dict[str, torch.Tensor]:
