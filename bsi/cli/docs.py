@@ -600,6 +600,16 @@ def sweeps_side_by_side(*names: str) -> str:
     return "\n".join(rows)
 
 
+def _tuned_cells(name: str, seeds: set[int] | None = None) -> tuple[dict, list]:
+    """A shipped sweep's protocol-``tuned`` statistics per method and size, and its rows (only ``seeds`` if given)."""
+    from bsi.analysis.study import folder_loader, study_stats
+    from bsi.results import read_study_rows
+
+    folder = ROOT / "data" / "sweeps" / name
+    rows = [r for r in read_study_rows(folder / "results.jsonl") if seeds is None or r.seed in seeds]
+    return study_stats(rows, folder_loader(folder), ["tuned"])["protocols"]["tuned"]["methods"], rows
+
+
 def equal_training(same: str, equal: str, method: str) -> str:
     """``method`` against the anchor (``bsi``) with the same recovery and with the same training, seed by seed.
 
@@ -611,17 +621,11 @@ def equal_training(same: str, equal: str, method: str) -> str:
     so the two differences are paired the same way. Paired 95% bootstrap
     intervals over the test problems (**bold**: excludes 0).
     """
-    from bsi.analysis.study import folder_loader, interval_text, study_stats
-    from bsi.results import read_study_rows
+    from bsi.analysis.study import interval_text
 
-    def table(name: str, seeds: set[int] | None = None) -> tuple[dict, list]:
-        folder = ROOT / "data" / "sweeps" / name
-        rows = [r for r in read_study_rows(folder / "results.jsonl") if seeds is None or r.seed in seeds]
-        return study_stats(rows, folder_loader(folder), ["tuned"])["protocols"]["tuned"]["methods"], rows
-
-    equal_cells, equal_rows = table(equal)
+    equal_cells, equal_rows = _tuned_cells(equal)
     seeds = {r.seed for r in equal_rows}
-    same_cells, same_rows = table(same, seeds)
+    same_cells, same_rows = _tuned_cells(same, seeds)
     anchor = next(iter(equal_cells))
     sizes = sorted(set(equal_cells.get(method, {})) & set(same_cells.get(method, {})), key=float, reverse=True)
 
@@ -663,21 +667,13 @@ def score_ablation(ablations: str, methods: str, *others: str) -> str:
     the tested gradient terms that passed the z-test along the path where
     the score tests them.
     """
-    from bsi.analysis.study import folder_loader, study_stats
-    from bsi.results import read_study_rows
-
-    def table(name: str, seeds: set[int] | None = None) -> tuple[dict, list]:
-        folder = ROOT / "data" / "sweeps" / name
-        rows = [r for r in read_study_rows(folder / "results.jsonl") if seeds is None or r.seed in seeds]
-        return study_stats(rows, folder_loader(folder), ["tuned"])["protocols"]["tuned"]["methods"], rows
-
-    cells, rows = table(ablations)
+    cells, rows = _tuned_cells(ablations)
     seeds = {r.seed for r in rows}
     anchor = next(iter(cells))
     compared = [(m, cells[m], rows) for m in methods.split(",")]
     for other in others:
         name, method = other.split(":")
-        other_cells, other_rows = table(name, seeds)
+        other_cells, other_rows = _tuned_cells(name, seeds)
         compared.insert(0, (method, other_cells[method], other_rows))
     sizes = sorted(cells[anchor], key=float, reverse=True)
     first = next(r for r in rows if r.method == anchor and r.recovered)
