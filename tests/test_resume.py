@@ -99,7 +99,7 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path, capsys):
 
 
 def test_ctrl_c_prints_the_resume_command_that_finishes_the_run(tmp_path):
-    """Ctrl-C between two rounds: the run saves what it finished, prints how to resume, and that command finishes it.
+    """Ctrl-C mid-run: the run saves the rounds it finished, prints how to resume, and that command finishes it.
 
     The run is stopped (SIGSTOP) as soon as its first round's checkpoint
     exists, so Ctrl-C reaches it mid-run however loaded the machine is: the
