@@ -188,6 +188,8 @@ class RunSummary:
 
 #: The method name of a study's dense reference rows (one per seed: the fine-tuned model, uncompressed).
 REFERENCE = "dense"
+#: The method name of a budget curve's dense rows: the fine-tuned model trained further for a budget, uncompressed.
+DENSE_TRAINED = "dense-trained"
 
 
 @dataclass(frozen=True)
@@ -269,7 +271,7 @@ _RUN_KEYS = tuple(f.name for f in dataclasses.fields(MethodRun))
 _RECORDED_LATER = ("path_steps", "path_tokens", "recover_tokens", "gradient_passed")
 _SPEED_KEYS = ("ms_per_token", "dense_ms_per_token", "speedup")
 _OPTIONAL_KEYS = ("fingerprint", "params_before", "compression_ratio", "compressible_ratio", "outcomes",
-                  "eval_seconds", "device", "dtype", "perplexity_protocol")
+                  "eval_seconds", "device", "dtype", "perplexity_protocol", "budget")
 #: What a line must hold to be read as a row.
 STUDY_ROW_NEEDS = ("method", "target", "params_total")
 
@@ -293,6 +295,8 @@ class StudyRow:
         run: how a compressed model was made (None on a dense row).
         speed: its decode speed (None unless the sweep timed it).
         perplexity_protocol: on a text task's dense row, how perplexity was measured.
+        budget: in a budget curve (``bsi sweep --budgets``), the model's total
+            optimizer steps after the task fine-tune (None: not a budget curve).
         extra: keys this version does not name, kept so that a rewrite loses nothing.
 
     ``None`` means "not in the file": :meth:`to_dict` leaves such keys out, so
@@ -316,6 +320,7 @@ class StudyRow:
     run: MethodRun | None = None
     speed: DecodeSpeed | None = None
     perplexity_protocol: dict[str, Any] | None = None
+    budget: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -301,7 +301,8 @@ def draw_sweep_figure(name: str, root: Path = DATA, docs: Path = DOCS) -> list[P
     """Draw the shipped sweep ``data/sweeps/<name>``'s figure into ``docs/<name>.png`` and ``docs/<name>.html``.
 
     The figure is :func:`bsi.analysis.figures.study_figure` of the sweep's
-    ``stats.json`` (accuracy and loss against whole-model size, 95% bands).
+    ``stats.json`` (accuracy and loss against whole-model size, 95% bands);
+    a budget curve's is :func:`bsi.analysis.budget.budget_figure` (against the budget).
     Both files carry that file's SHA-256 (a PNG text chunk, an HTML comment):
     a figure in the docs is only as good as the data it can be traced to.
     The HTML draws with the walkthroughs' local ``plotly.min.js`` (no CDN);
@@ -315,10 +316,12 @@ def draw_sweep_figure(name: str, root: Path = DATA, docs: Path = DOCS) -> list[P
 
     from PIL import Image, PngImagePlugin
 
+    from bsi.analysis.budget import budget_figure
     from bsi.analysis.figures import study_figure
 
     digest = file_sha256(folder / "stats.json")
-    figure = study_figure(json.loads((folder / "stats.json").read_text(encoding="utf-8")))
+    stats = json.loads((folder / "stats.json").read_text(encoding="utf-8"))
+    figure = budget_figure(stats) if "curves" in stats else study_figure(stats)
     try:
         png = figure.to_image(format="png", width=1200, height=int(figure.layout.height or 540), scale=1)
     except Exception as error:  # kaleido's errors (no browser, a crash) come in several types

@@ -306,6 +306,74 @@ def test_match_training_gives_a_truncation_the_engine_paths_steps(tmp_path, isol
         list(alone.run())
 
 
+def test_a_budget_curve_gives_every_model_the_same_total_training(tmp_path, isolated_cache):
+    """Budgets: own tuning + recovery = the budget for every row; the dense model trained too; bsi's path unchanged."""
+    out = tmp_path / "curve"
+    sweep = make_sweep(out, methods=("svd", "bsi"), targets=(0.6, 0.4), budgets=(12, 8), budget_targets=(0.4,))
+    assert sweep.settings.budgets == (8, 12)
+    reports = list(sweep.run())
+    rows = rows_of(out)
+    curve = {(r["method"], r["budget"]): r for r in rows if "budget" in r}
+    assert sorted(curve) == [("bsi", 8), ("bsi", 12), ("dense-trained", 8), ("dense-trained", 12),
+                             ("svd", 8), ("svd", 12)]
+    for (method, budget), row in curve.items():
+        assert row["path_steps"] + row["recover_steps"] == budget  # the same total training for every model
+        assert row["target"] == (1.0 if method == "dense-trained" else 0.4)  # only the asked size is evaluated
+    assert curve[("bsi", 8)]["path_steps"] > 0 and curve[("svd", 8)]["path_steps"] == 0
+    assert curve[("dense-trained", 8)]["params_total"] == curve[("dense-trained", 8)]["params_before"]
+    # more training moved the models: the two budgets' losses differ
+    assert curve[("svd", 8)]["loss"] != curve[("svd", 12)]["loss"]
+    # bsi's path is the one of the same sweep without budgets (0.6 is passed on the way, not evaluated)
+    plain = make_sweep(tmp_path / "plain", methods=("bsi",), targets=(0.6, 0.4))
+    list(plain.run())
+    bsi_plain = next(r for r in rows_of(tmp_path / "plain") if r["method"] == "bsi" and r["target"] == 0.4)
+    assert curve[("bsi", 8)]["path_steps"] == bsi_plain["path_steps"]
+    assert curve[("bsi", 8)]["params_total"] == bsi_plain["params_total"]
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["budgets"] == [8, 12] and stats["targets"] == [0.4]
+    svd = stats["curves"]["12"]["svd"]["0.4"]
+    assert svd["training_steps"] == 12 and "vs_anchor" in svd
+    assert stats["curves"]["8"]["dense-trained"]["1"]["training_steps"] == 8
+    table = (out / "results.md").read_text()
+    assert "## 0.4 of the linear layers kept" in table and "| 12 |" in table and "(0 + 12)" in table
+    assert "a recovery up to each budget (8, 12 optimizer steps" in table
+    assert "budget %{x} steps" in (out / "figure.html").read_text()
+    # the dashboard's Compare tab and the answers view tell the budgets apart
+    from bsi.analysis.answers import SweepAnswers
+    from bsi.app.compare import view
+
+    status, _, shown, headers = view(str(out))
+    assert "budget curve" in status and headers[0] == "budget"
+    assert {(r[0], r[1]) for r in shown} >= {("8 steps", "dense-trained"), ("12 steps", "svd"), ("12 steps", "bsi")}
+    labels = [a.label for a in SweepAnswers(out).problem(0).answers]
+    assert len(labels) == len(set(labels)) == 7 and any(label.endswith(", 12 steps)") for label in labels)
+    # resumes: nothing computed again
+    again = list(make_sweep(out, methods=("svd", "bsi"), targets=(0.6, 0.4), budgets=(8, 12),
+                            budget_targets=(0.4,)).run())
+    assert all(c.skipped for c in again if isinstance(c, CellReport))
+    assert len([c for c in reports if isinstance(c, CellReport)]) == 6
+    # a budget below a method's own tuning is refused before any of that size's models trains, with the fix
+    with pytest.raises(BSIError, match=r"budget 4 is below bsi at 0.4's own 6 training steps .* at least 6"):
+        sweep._budget_recovery(4, 6, "bsi at 0.4")
+    assert sweep._budget_recovery(6, 6, "bsi at 0.4").steps == 0  # the model as its method left it
+
+
+def test_budget_settings_refuse_what_a_curve_cannot_mean():
+    with pytest.raises(BSIError, match="budgets must be positive integers"):
+        SweepConfig(budgets=(0,))
+    with pytest.raises(BSIError, match="give --budgets too"):
+        SweepConfig(budget_targets=(0.4,))
+    with pytest.raises(BSIError, match="budget_targets must be among the targets"):
+        SweepConfig(targets=(0.6,), budgets=(8,), budget_targets=(0.4,))
+    with pytest.raises(BSIError, match="pass --lr-grid ''"):
+        SweepConfig(budgets=(8,), lr_grid=(1e-4,))
+    with pytest.raises(BSIError, match="leave --match-training out"):
+        SweepConfig(methods=("svd", "bsi"), budgets=(8,), match_training="bsi")
+    # a preset's learning-rate grid gives way to the budgets the user asked for
+    settings = make_sweep_config("study", {"budgets": (16, 32), "targets": (0.6, 0.4), "budget_targets": (0.6, 0.4)})
+    assert settings.lr_grid == () and settings.lr_targets == () and settings.budgets == (16, 32)
+
+
 def test_narrowing_a_presets_sweep_narrows_what_depends_on_it():
     """Fewer targets or protocols than the preset's: its protocol targets and lr targets follow, never refuse."""
     from bsi.cli import build_parser

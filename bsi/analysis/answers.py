@@ -198,13 +198,15 @@ class ModelAnswer:
     recovered: bool
     answer: str | None
     correct: bool | None
+    budget: int | None = None  # a budget curve's total training after the fine-tune (None: not a budget curve)
 
     @property
     def label(self) -> str:
-        """``bsi @ 0.4 (1.90x)``, ``dense``, ``bsi @ 0.4 (1.90x, no recovery)``."""
+        """``bsi @ 0.4 (1.90x)``, ``dense``, ``bsi @ 0.4 (1.90x, no recovery)``, ``bsi @ 0.4 (1.90x, 32 steps)``."""
         if self.method == SWEEP_REFERENCE:
             return SWEEP_REFERENCE
-        return f"{self.method} @ {self.target:g} ({self.compression_ratio:.2f}x{'' if self.recovered else ', no recovery'})"
+        state = f", {self.budget} steps" if self.budget is not None else "" if self.recovered else ", no recovery"
+        return f"{self.method} @ {self.target:g} ({self.compression_ratio:.2f}x{state})"
 
 
 @dataclass(frozen=True)
@@ -334,7 +336,7 @@ class SweepAnswers:
             columns = self.columns(row)
             ratio = 1.0 if row.compression_ratio is None else float(row.compression_ratio)
             answers.append(ModelAnswer(row.method, row.protocol, float(row.target), ratio, row.recovered,
-                                       columns["prediction"][index], columns["correct"][index]))
+                                       columns["prediction"][index], columns["correct"][index], row.budget))
         problems = self.problems(seed)
         question = (problems.get("question") or [None] * (index + 1))[index]
         answer = (problems.get("answer") or [None] * (index + 1))[index]
@@ -344,7 +346,7 @@ class SweepAnswers:
         """The seed's rows with outcomes: dense first, then methods in sweep order, each largest size first."""
         order = {m: i for i, m in enumerate([SWEEP_REFERENCE, *self.methods])}
         rows = [r for r in self.rows if r.seed == seed and r.outcomes]
-        return sorted(rows, key=lambda r: (order[r.method], -float(r.target), not r.recovered))
+        return sorted(rows, key=lambda r: (order[r.method], -float(r.target), not r.recovered, r.budget or 0))
 
     def _row(self, method: str, target: float, seed: int) -> StudyRow:
         for row in self.rows:

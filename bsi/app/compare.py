@@ -78,6 +78,10 @@ def load_stats(spec: str, rows: Sequence[StudyRow]) -> dict | None:
         return None
     protocols = sorted({r.protocol for r in rows} - {None, "dense", "published"}) or ["tuned"]
     try:
+        if any(r.budget is not None for r in rows):
+            from bsi.analysis.budget import budget_stats
+
+            return budget_stats(rows, folder_loader(folder), resamples=2000)
         return study_stats(rows, folder_loader(folder), protocols, resamples=2000)
     except (OSError, KeyError, ValueError) as err:
         raise BSIError(f"cannot read the outcomes of the sweep in {folder} ({err})") from None
@@ -90,31 +94,41 @@ def _interval(entry: dict | None, scale: float, signed: bool = False) -> tuple[f
     return significant(scale * entry["estimate"]), text + (" *" if signed and entry.get("excludes_zero") else "")
 
 
+def _table_row(group: str, method: str, target: str, e: dict, text: bool) -> list:
+    """One cell of a sweep's statistics as a table row (``group``: its protocol, or a budget curve's budget)."""
+    first, first_ci = _interval(e["perplexity"], 1) if text else _interval(e["accuracy"], 100)
+    loss, loss_ci = _interval(e["loss"], 1)
+    diff = e.get("vs_anchor") or {}
+    if text:
+        d_first, d_first_ci = _interval(diff.get("perplexity_ratio"), 1, signed=True)
+        d_first_text = "" if d_first is None else f"{d_first:g} {d_first_ci}"
+    else:
+        d_first, d_first_ci = _interval(diff.get("accuracy"), 100, signed=True)
+        d_first_text = "" if d_first is None else f"{d_first:+g} {d_first_ci}"
+    d_loss, d_loss_ci = _interval(diff.get("loss"), 1, signed=True)
+    return [group, method, float(target), significant(e["params_total"] / 1e6), first, first_ci, loss, loss_ci,
+            d_first_text, "" if d_loss is None else f"{d_loss:+g} {d_loss_ci}"]
+
+
 def table(stats: dict) -> list[list]:
     """One row per protocol, method and target (:data:`HEADERS` order, :data:`TEXT_HEADERS` on a text task).
 
     Numbers to four significant figures; the recovered models first, then
-    those evaluated before recovery (``method (no recovery)``).
+    those evaluated before recovery (``method (no recovery)``). A budget
+    curve's statistics (:func:`bsi.analysis.budget.budget_stats`) give a row
+    per budget, method and size, the first column naming the budget.
     """
     text = stats.get("task") == "text"
     out = []
+    for budget, methods in stats.get("curves", {}).items():
+        for method, cells in methods.items():
+            for target, e in sorted(cells.items(), key=lambda kv: -float(kv[0])):
+                out.append(_table_row(f"{budget} steps", method, target, e, text))
     for protocol, block in stats.get("protocols", {}).items():
         for group, suffix in (("methods", ""), ("no_recovery", NO_RECOVERY)):
             for method, cells in (block.get(group) or {}).items():
                 for target, e in sorted(cells.items(), key=lambda kv: -float(kv[0])):
-                    first, first_ci = _interval(e["perplexity"], 1) if text else _interval(e["accuracy"], 100)
-                    loss, loss_ci = _interval(e["loss"], 1)
-                    diff = e.get("vs_anchor") or {}
-                    if text:
-                        d_first, d_first_ci = _interval(diff.get("perplexity_ratio"), 1, signed=True)
-                        d_first_text = "" if d_first is None else f"{d_first:g} {d_first_ci}"
-                    else:
-                        d_first, d_first_ci = _interval(diff.get("accuracy"), 100, signed=True)
-                        d_first_text = "" if d_first is None else f"{d_first:+g} {d_first_ci}"
-                    d_loss, d_loss_ci = _interval(diff.get("loss"), 1, signed=True)
-                    out.append([protocol, method + suffix, float(target), significant(e["params_total"] / 1e6), first,
-                                first_ci, loss, loss_ci, d_first_text,
-                                "" if d_loss is None else f"{d_loss:+g} {d_loss_ci}"])
+                    out.append(_table_row(protocol, method + suffix, target, e, text))
     return out
 
 
@@ -147,6 +161,12 @@ def view(spec: str):
         return (status + "; the loss is the mean next-token NLL and the perplexity exp of it; 95% bootstrap "
                          "intervals over the held-out windows, * marks a difference whose interval excludes 0 (a "
                          "perplexity ratio's: 1)." + said, study_figure(stats), table(stats), TEXT_HEADERS)
+    if "curves" in stats:  # a budget curve: accuracy and loss against the total training
+        from bsi.analysis.budget import budget_figure
+
+        return (status + "; a budget curve: every model had the same total training after the fine-tune (first "
+                         "column); 95% bootstrap intervals over the test problems, * marks a difference whose "
+                         "interval excludes 0", budget_figure(stats), table(stats), ["budget", *HEADERS[1:]])
     return (status + "; 95% bootstrap intervals over the test problems, * marks a difference whose interval "
                      "excludes 0", study_figure(stats), table(stats), HEADERS)
 

@@ -57,6 +57,14 @@ class SweepConfig(JsonConfig):
                                      "the same recovery for every method, and the engine methods train more)")
     baseline: dict[str, Any] = option(default_factory=dict, help="settings of the truncation baselines (BaselineConfig "
                                                        "fields; the defaults are the published methods)")
+    budgets: tuple[int, ...] = option((), "total optimizer steps after the task fine-tune, one model per budget and "
+                                          "size (a budget curve): an engine method recovers for a budget less its "
+                                          "own tuning steps up to the size, a truncation for the whole budget, and "
+                                          "the fine-tuned dense model is trained for each budget too (none: every "
+                                          "method recovers for the recover section's steps)")
+    budget_targets: tuple[float, ...] = option((), "with budgets: the sizes evaluated at every budget; the engine "
+                                                   "methods still pass every target on their path, so it is the path "
+                                                   "of the same sweep without budgets (none: every target)")
     also_unrecovered: bool = option(False, "also evaluate every method's model of every size before recovery: extra "
                                            "rows with recover_steps 0, in a table of their own (the truncation "
                                            "baselines are usually published without training)")
@@ -72,6 +80,10 @@ class SweepConfig(JsonConfig):
         self.lr_targets = tuple(float(x) for x in self.lr_targets)
         self.extra_targets = {m: tuple(float(t) for t in ts) for m, ts in dict(self.extra_targets).items()}
         self.protocol_targets = {p: tuple(float(t) for t in ts) for p, ts in dict(self.protocol_targets).items()}
+        check(all(is_integer(b) and b > 0 for b in self.budgets), f"budgets must be positive integers, got "
+                                                                    f"{list(self.budgets)}")
+        self.budgets = tuple(sorted({int(b) for b in self.budgets}))
+        self.budget_targets = tuple(sorted({float(t) for t in self.budget_targets}, reverse=True))
         known = (*METHOD_NAMES, *VARIANT_NAMES)
         check(bool(self.methods), f"name at least one method: {', '.join(known)}")
         for name in self.methods:
@@ -98,6 +110,19 @@ class SweepConfig(JsonConfig):
             check(is_engine_method(self.match_training) and self.match_training in self.methods,
                   f"match_training must name an engine method among the methods ({', '.join(self.methods)}), "
                   f"got '{self.match_training}'")
+        if self.budget_targets:
+            check(bool(self.budgets), "budget_targets chooses the sizes of a budget curve: give --budgets too, or "
+                                      "leave --budget-targets out")
+            check(all(t in self.targets for t in self.budget_targets),
+                  f"budget_targets must be among the targets {list(self.targets)}, got {list(self.budget_targets)}")
+        if self.budgets:
+            check(not self.lr_grid, "budgets train every model once, at the recover section's learning rate: pass "
+                                    "--lr-grid '' (and --recover-lr R), or leave --budgets out")
+            check(not self.match_training, "budgets already give every method the same total training: leave "
+                                           "--match-training out")
+            check(not self.also_unrecovered, "budgets name each model's whole training: leave --also-unrecovered "
+                                             "out (a budget equal to a method's own tuning steps is its "
+                                             "unrecovered model)")
         check(isinstance(self.also_unrecovered, bool),
                f"also_unrecovered must be true or false, got {self.also_unrecovered}")
         check(is_integer(self.speed_repeats) and self.speed_repeats >= 0, f"speed_repeats must be >= 0, got {self.speed_repeats}")
@@ -108,6 +133,11 @@ class SweepConfig(JsonConfig):
         if is_engine_method(method) and protocol in self.protocol_targets:
             return tuple(sorted(self.protocol_targets[protocol], reverse=True))
         return tuple(sorted({*self.targets, *self.extra_targets.get(method, ())}, reverse=True))
+
+    def evaluated_targets_of(self, method: str, protocol: str | None = None) -> tuple[float, ...]:
+        """The sizes ``method`` is evaluated at: :meth:`targets_of`, narrowed to ``budget_targets`` when given."""
+        targets = self.targets_of(method, protocol)
+        return tuple(t for t in targets if t in self.budget_targets) if self.budget_targets else targets
 
     def lr_target_for(self, target: float) -> float:
         """The target whose learning-rate choice ``target`` uses: itself when chosen there, else the nearest in log size."""
@@ -164,6 +194,8 @@ def narrow_to_overrides(settings: dict[str, Any], overrides: dict[str, Any]) -> 
     not these, they follow: a protocol that does not run drops its
     ``protocol_targets``; a protocol's targets keep those still given; each
     ``lr_targets`` value moves to the nearest given target (in log size).
+    Given ``budgets`` (a budget curve, one learning rate), the preset's
+    learning-rate grid is dropped unless the user gave one.
     A protocol left with none of its targets is refused with the flag that
     fixes it. Settings the user gave are never changed (and are checked as given).
     """
@@ -181,6 +213,8 @@ def narrow_to_overrides(settings: dict[str, Any], overrides: dict[str, Any]) -> 
                               f"it should run at, or leave {name} out of --protocols")
             narrowed[name] = kept
         out["protocol_targets"] = narrowed
+    if overrides.get("budgets") and "lr_grid" not in overrides:  # a budget curve trains each model at one rate
+        out["lr_grid"], out["lr_targets"] = (), ()
     if "lr_targets" not in overrides and "targets" in overrides and out.get("lr_targets"):
         out["lr_targets"] = tuple(sorted({_nearest_in_log(float(t), targets) for t in out["lr_targets"]},
                                          reverse=True))

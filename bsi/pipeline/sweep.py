@@ -71,8 +71,9 @@ from bsi.pipeline.distributed import from_environment
 from bsi.pipeline.evaluate import Evaluation, Metrics
 from bsi.pipeline.methods import get_method
 from bsi.pipeline.runner import DenseReference, Pipeline, Report
+from bsi.pipeline.stages import DENSE_RECOVERY
 from bsi.reports import RoundReport, SizeReport, StageReport, TrainingTally
-from bsi.results import REFERENCE, DecodeSpeed, MethodRun, StudyRow, read_study_rows
+from bsi.results import DENSE_TRAINED, REFERENCE, DecodeSpeed, MethodRun, StudyRow, read_study_rows
 
 OUTCOMES = "outcomes"
 #: The pipeline settings of a text task only: a question/answer sweep's fingerprint leaves them out.
@@ -100,17 +101,21 @@ class LearningRateReport:
     chosen: float
 
 
-def cell_key(protocol: str, method: str, target: float, seed: int, recovered: bool = True) -> str:
+def cell_key(protocol: str, method: str, target: float, seed: int, recovered: bool = True,
+             budget: int | None = None) -> str:
     """``tuned/bsi@0.4/s0``: a cell's name (the protocol is ``published`` for truncation methods).
 
-    A model evaluated before recovery (``also_unrecovered``) is its own cell, ``tuned/bsi@0.4/s0/no-recovery``.
+    A model evaluated before recovery (``also_unrecovered``) is its own cell, ``tuned/bsi@0.4/s0/no-recovery``;
+    in a budget curve each budget is, ``tuned/bsi@0.4/s0/b32`` (``recovered`` is then not part of the name).
     """
+    if budget is not None:
+        return f"{protocol}/{method}@{target:g}/s{seed}/b{budget}"
     return f"{protocol}/{method}@{target:g}/s{seed}" + ("" if recovered else "/no-recovery")
 
 
 def row_key(row: StudyRow) -> str:
     """The cell a row of ``results.jsonl`` belongs to."""
-    return cell_key(row.protocol, row.method, row.target, row.seed, row.recovered)
+    return cell_key(row.protocol, row.method, row.target, row.seed, row.recovered, row.budget)
 
 
 def problems_file(seed: int) -> str:
@@ -228,8 +233,9 @@ class Sweep:
         grid = ("methods", "targets", "extra_targets", "seeds", "protocols", "protocol_targets", "speed_repeats",
                 "speed_tokens", "also_unrecovered")
         settings = {k: v for k, v in self.settings.to_dict().items() if k not in grid}
-        if not settings.get("match_training"):  # off: sweeps made before the setting keep their hash
-            settings.pop("match_training", None)
+        for later in ("match_training", "budgets", "budget_targets"):  # off: sweeps made before them keep their hash
+            if not settings.get(later):
+                settings.pop(later, None)
         settings["baseline"] = self.baseline.to_dict()  # resolved: a changed default is another sweep
         config = self.config.to_dict() | {"seed": None, "preset": None, "device": "auto", "dtype": "auto"}
         config.pop("autocast")  # where it runs, like the dtype (recorded per row); sweeps made before it keep their hash
@@ -385,6 +391,14 @@ class Sweep:
             return
         stats = self.stats()
         atomic_write_json(self.out_dir / "stats.json", stats)
+        if self.settings.budgets:
+            from bsi.analysis.budget import budget_figure, budget_markdown
+
+            note = self.schedule_note(self.settings.protocols[0])
+            atomic_write_text(self.out_dir / "results.md", budget_markdown(stats, note))
+            atomic_write_text(self.out_dir / "figure.html",
+                              budget_figure(stats).to_html(include_plotlyjs=True, full_html=True))
+            return
         descriptions = {p: f"{PROTOCOLS[p]['description']}." for p in self.settings.protocols}
         notes = {p: self.schedule_note(p) for p in self.settings.protocols}
         atomic_write_text(self.out_dir / "results.md", study_markdown(stats, descriptions, notes))
@@ -392,6 +406,11 @@ class Sweep:
                           study_figure(stats).to_html(include_plotlyjs=True, full_html=True))
 
     def stats(self) -> dict[str, Any]:
+        """The folder's statistics: a study's (:func:`study_stats`), or a budget curve's (:func:`budget_stats`)."""
+        if self.settings.budgets:
+            from bsi.analysis.budget import budget_stats
+
+            return budget_stats(self.rows, folder_loader(self.out_dir))
         return study_stats(self.rows, folder_loader(self.out_dir), self.settings.protocols)
 
     # ----------------------------------------------------------------- grid
@@ -417,6 +436,12 @@ class Sweep:
         return (False, True) if self.settings.also_unrecovered else (recovers,)
 
     def cells(self) -> list[str]:
+        budgets = self.settings.budgets
+        if budgets:  # a budget curve: the dense model trained for each budget, then every method's sizes
+            return [*(cell_key(REFERENCE, DENSE_TRAINED, 1.0, s, budget=b) for s in self.settings.seeds
+                      for b in budgets),
+                    *(cell_key(p, m, t, s, budget=b) for s, m, p in self.runs()
+                      for t in self.settings.evaluated_targets_of(m, p) for b in budgets)]
         return [cell_key(p, m, t, s, r and self.config.recover.steps > 0) for s, m, p in self.runs()
                 for t in self.settings.targets_of(m, p) for r in self.variants]
 
@@ -447,6 +472,9 @@ class Sweep:
         lr = (f"lr chosen from {', '.join(f'{x:g}' for x in self.settings.lr_grid)} by validation loss "
               f"({held} held out)" if self.settings.lr_grid else f"lr {r.lr:g}")
         unrecovered = " Every method's models are also evaluated before recovery." if self.settings.also_unrecovered else ""
+        budgets = self.settings.budgets
+        recovery = (f"a recovery up to each budget ({', '.join(map(str, budgets))} optimizer steps in all after the "
+                    f"fine-tune, {r.warmup_steps} of warm-up)" if budgets else f"{r.steps} recovery steps")
         if self.is_text:
             scored = "every held-out window" if config.eval_windows is None else \
                 f"the first {config.eval_windows} held-out windows"
@@ -457,7 +485,7 @@ class Sweep:
         return (f"Engine methods: {c.bases} bases, {c.rounds} rounds of {c.round_length} iterations "
                 f"({c.profiling_iters} profiling) passing every size, {c.curvature} curvature, {c.selection_rule} "
                 f"selection, cut cap {c.max_cut_factor:g}, {c.aux_rank} auxiliary vectors. Every method: "
-                f"{r.steps} recovery steps training {r.train}, {lr}{self._matching_note()}.{unrecovered} Seeds "
+                f"{recovery} training {r.train}, {lr}{self._matching_note()}.{unrecovered} Seeds "
                 f"{', '.join(map(str, self.seeds_held()))}; {evaluation}.{self.execution_note()}")
 
     def _matching_note(self) -> str:
@@ -504,11 +532,25 @@ class Sweep:
         for seed in self.settings.seeds:
             if seed not in self.dense:
                 yield from self._reference(seed)
+        budgets = self.settings.budgets
+        for seed in self.settings.seeds if budgets else ():
+            names = {b: cell_key(REFERENCE, DENSE_TRAINED, 1.0, seed, budget=b) for b in budgets}
+            done = self.done()
+            for b in budgets:
+                if names[b] in done:
+                    row = next(r for r in self.rows if row_key(r) == names[b])
+                    yield CellReport(position[names[b]], len(cells), row, skipped=True)
+            missing_budgets = [b for b in budgets if names[b] not in done]
+            if missing_budgets:
+                yield from self._dense_trained(seed, missing_budgets, lambda b, names=names: position[names[b]],
+                                               len(cells))
+                self.write()
         recovers = self.config.recover.steps > 0
         for seed, method, protocol in self.runs():
-            targets = self.settings.targets_of(method, protocol)
-            keys = {(t, v): cell_key(protocol, method, t, seed, v and recovers)
-                    for t in targets for v in self.variants}
+            targets = self.settings.evaluated_targets_of(method, protocol)
+            keys = {(t, v): cell_key(protocol, method, t, seed, budget=v) for t in targets for v in budgets} \
+                if budgets else {(t, v): cell_key(protocol, method, t, seed, v and recovers)
+                                 for t in targets for v in self.variants}
             done = self.done()
             missing = {key for key in keys if keys[key] not in done}
             for key, name in keys.items():
@@ -576,6 +618,8 @@ class Sweep:
                 snapshots[report.target] = pipeline.model if last else copy.deepcopy(pipeline.model)
                 path[report.target] = (tuning.steps, tuning.tokens)
                 passed[report.target] = sum(tested) / len(tested) if tested else None
+                if self.settings.budget_targets and len(snapshots) == len(targets):
+                    break  # a budget curve's sizes are all taken: the rest of the path is not evaluated
         compress_seconds = time.perf_counter() - start
         yield StageReport("compress", "end")
         # the first seed to reach a learning-rate target chooses there; any later seed reuses the recorded choice
@@ -583,6 +627,11 @@ class Sweep:
                        and (t, True) in missing and (protocol, method, t) not in self.lr_choices]
         for target in [*choose_here, *(t for t in targets if t not in choose_here)]:
             model = snapshots.pop(target)
+            if self.settings.budgets:  # ``missing`` holds (target, budget) pairs
+                yield from self._budget_cells(pipeline, dense, model, method, protocol, target, seed, compress_seconds,
+                                              path[target], passed[target],
+                                              [b for b in self.settings.budgets if (target, b) in missing], index, total)
+                continue
             if (target, False) in missing:
                 row = yield from self._unrecovered(pipeline, dense, model, method, protocol, target, seed,
                                                    compress_seconds, path[target], passed[target])
@@ -621,6 +670,75 @@ class Sweep:
         self.rows.append(row)
         self.write(summaries=False)
         return row
+
+    def _budget_recovery(self, budget: int, trained: int, label: str) -> RecoverConfig:
+        """The recovery that brings a model with ``trained`` optimizer steps after the fine-tune to ``budget`` steps.
+
+        The recover section's settings (learning rate, warm-up, what trains)
+        with ``budget - trained`` steps; a budget below what the model's
+        method already trained on its way (``label`` names it) is refused.
+        """
+        if trained > budget:
+            raise BSIError(f"budget {budget} is below {label}'s own {trained} training steps up to that size: give "
+                           f"--budgets of at least {trained}, or --budget-targets without that size")
+        return dataclasses.replace(self.config.recover, steps=budget - trained)
+
+    def _budget_cells(self, pipeline: Pipeline, dense: DenseReference, model: nn.Module, method: str, protocol: str,
+                      target: float, seed: int, compress_seconds: float, path: tuple[int, int],
+                      gradient_passed: float | None, budgets: Sequence[int], index, total: int):
+        """A budget curve at one size: a copy of ``model`` (the method's model at ``target``) per budget.
+
+        Each copy recovers for the budget less the method's own tuning steps
+        up to this size (``path``; 0 for a truncation), so every row's
+        ``path_steps + recover_steps`` equals its budget; a budget equal to
+        the path is the model as its method left it (exported as recovery
+        exports it).
+        """
+        label = f"{method} at {target:g}"
+        recoveries = {b: self._budget_recovery(b, path[0], label) for b in budgets}  # refused before any training
+        for k, budget in enumerate(budgets):
+            candidate = model if k == len(budgets) - 1 else copy.deepcopy(model)
+            recover, tally = recoveries[budget], TrainingTally(stages=("recover",))
+            start = time.perf_counter()
+            yield from tally.through(pipeline.recover(candidate, recover))
+            recover_seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            evaluation = yield from pipeline.evaluate(candidate, "recovered")
+            made = self._method_run(recover.steps, (recover.lr, None), compress_seconds, recover_seconds, path, tally,
+                                    gradient_passed, pipeline.notes)
+            row = self._row(dense, evaluation, candidate, method, protocol, target, seed, made,
+                            time.perf_counter() - start, budget=budget)
+            row = self.dist.from_main(row)
+            self.rows.append(row)
+            self.write(summaries=False)
+            yield CellReport(index((target, budget)), total, row)
+
+    def _dense_trained(self, seed: int, budgets: Sequence[int], index, total: int):
+        """A budget curve's dense rows: the fine-tuned dense model of ``seed`` trained for each budget, uncompressed.
+
+        The recovery's settings and batches, everything but the embeddings
+        (as ``bsi compress --dense-recovery``): what the same training buys
+        without compression.
+        """
+        config = PipelineConfig.from_dict(self.config.to_dict() | {"seed": seed})
+        pipeline = Pipeline(config, cache_dir=self.cache_dir, reference=self.dense[seed])
+        dense = yield from pipeline.reference_stage()
+        recoveries = {b: self._budget_recovery(b, 0, REFERENCE) for b in budgets}
+        for budget in budgets:
+            model, tally = copy.deepcopy(pipeline.model), TrainingTally(stages=(DENSE_RECOVERY,))
+            start = time.perf_counter()
+            yield from tally.through(pipeline.recover(model, recoveries[budget], stage=DENSE_RECOVERY))
+            recover_seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            evaluation = yield from pipeline.evaluate(model, "recovered")
+            made = self._method_run(budget, (recoveries[budget].lr, None), 0.0, recover_seconds, (0, 0), tally, None,
+                                    ())
+            row = self._row(dense, evaluation, model, DENSE_TRAINED, REFERENCE, 1.0, seed, made,
+                            time.perf_counter() - start, budget=budget)
+            row = self.dist.from_main(row)
+            self.rows.append(row)
+            self.write(summaries=False)
+            yield CellReport(index(budget), total, row)
 
     def _recovery_for(self, method: str, target: float, seed: int) -> RecoverConfig:
         """The recovery of one size: the common one; with ``match_training``, a truncation's grows to equal training.
@@ -683,9 +801,10 @@ class Sweep:
                                    "validation_examples": validation_size}), best[3]
 
     def _save_outcomes(self, protocol: str, method: str, target: float, seed: int, evaluation: Evaluation,
-                       recovered: bool = True) -> str:
+                       recovered: bool = True, budget: int | None = None) -> str:
         """Write one model's per-problem outcomes (rank 0); returns the file's path relative to the sweep folder."""
-        name = f"{OUTCOMES}/{protocol}-{method}-{target:g}-s{seed}{'' if recovered else '-no-recovery'}.json"
+        variant = f"-b{budget}" if budget is not None else "" if recovered else "-no-recovery"
+        name = f"{OUTCOMES}/{protocol}-{method}-{target:g}-s{seed}{variant}.json"
         if self.dist.is_main:
             (self.out_dir / OUTCOMES).mkdir(parents=True, exist_ok=True)
             atomic_write_json(self.out_dir / name, evaluation.columns())
@@ -703,8 +822,11 @@ class Sweep:
                          recover_tokens=recovery.tokens, gradient_passed=gradient_passed)
 
     def _row(self, dense: DenseReference, evaluation: Evaluation | None, model: nn.Module, method: str, protocol: str,
-             target: float, seed: int, made: MethodRun, eval_seconds: float) -> StudyRow:
-        """The row of ``model``, measured as ``evaluation`` (before recovery when ``made`` has no recovery steps)."""
+             target: float, seed: int, made: MethodRun, eval_seconds: float, *, budget: int | None = None) -> StudyRow:
+        """The row of ``model``, measured as ``evaluation`` (before recovery when ``made`` has no recovery steps).
+
+        ``budget``: in a budget curve, the model's total training after the fine-tune.
+        """
         from bsi.method.surgery import compressible_parameters, model_parameters
 
         assert evaluation is not None, "a sweep evaluates every model"
@@ -715,8 +837,9 @@ class Sweep:
                         params_total=params, params_before=dense.params,
                         compression_ratio=dense.params / params, compressible_ratio=now / compressible,
                         metrics=evaluation.metrics, run=made, eval_seconds=eval_seconds,
-                        outcomes=self._save_outcomes(protocol, method, target, seed, evaluation, recovered=recovered),
-                        **self.execution())
+                        outcomes=self._save_outcomes(protocol, method, target, seed, evaluation, recovered=recovered,
+                                                     budget=budget),
+                        budget=budget, **self.execution())
 
     def _speed(self, pipeline: Pipeline, model: nn.Module):
         """Decode speed of the recovered model against the dense one, measured side by side (None: not asked)."""
