@@ -335,7 +335,7 @@ def test_a_budget_curve_gives_every_model_the_same_total_training(tmp_path, isol
     assert svd["training_steps"] == 12 and "vs_anchor" in svd
     assert stats["curves"]["8"]["dense-trained"]["1"]["training_steps"] == 8
     table = (out / "results.md").read_text()
-    assert "## 0.4 of the linear layers kept" in table and "| 12 |" in table and "(0 + 12)" in table
+    assert "### 0.4 of the linear layers kept" in table and "| 12 |" in table and "(0 + 12)" in table
     assert "a recovery up to each budget (8, 12 optimizer steps" in table
     assert "budget %{x} steps" in (out / "figure.html").read_text()
     # the dashboard's Compare tab and the answers view tell the budgets apart
@@ -365,7 +365,7 @@ def test_budget_settings_refuse_what_a_curve_cannot_mean():
         SweepConfig(budget_targets=(0.4,))
     with pytest.raises(BSIError, match="budget_targets must be among the targets"):
         SweepConfig(targets=(0.6,), budgets=(8,), budget_targets=(0.4,))
-    with pytest.raises(BSIError, match="pass --lr-grid ''"):
+    with pytest.raises(BSIError, match="pass --lr-grid none"):
         SweepConfig(budgets=(8,), lr_grid=(1e-4,))
     with pytest.raises(BSIError, match="leave --match-training out"):
         SweepConfig(methods=("svd", "bsi"), budgets=(8,), match_training="bsi")

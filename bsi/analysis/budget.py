@@ -83,7 +83,7 @@ def budget_markdown(stats: Mapping[str, Any], note: str = "") -> str:
         key = f"{target:g}"
         ratio = next((curves[str(b)][m][key]["compression_ratio"] for b in budgets for m in methods
                       if key in curves[str(b)].get(m, {})), math.nan)
-        lines += [f"## {key} of the linear layers kept ({ratio:.2f}x)", "",
+        lines += [f"### {key} of the linear layers kept ({ratio:.2f}x)", "",
                   f"Cells: {what} with 95% bootstrap intervals, then (own steps + recovery steps). Differences: "
                   f"`{anchor}` minus the method, accuracy points / loss, paired bootstrap 95% interval; **bold**: "
                   f"it excludes 0. {RUNS_NOTE}", "",

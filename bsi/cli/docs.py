@@ -637,6 +637,14 @@ def equal_training(same: str, equal: str, method: str) -> str:
     def shown(cell: dict) -> str:
         return f"{100 * cell['accuracy']['estimate']:.1f}% / {cell['loss']['estimate']:.3f}"
 
+    def by_seed(cell: dict) -> str:  # each seed's own difference: how far one run moves (with two seeds or more)
+        per_seed = cell["vs_anchor"].get("per_seed", {})
+        if len(seeds) < 2 or not per_seed:
+            return ""
+        points = ", ".join(f"{100 * d:+.1f}" for d in per_seed["accuracy"])
+        losses = ", ".join(f"{d:+.3f}" for d in per_seed["loss"])
+        return f"; per seed {points} / {losses}"
+
     rows = [f"| size | `{anchor}`: steps, accuracy / loss | `{method}`, the same recovery: steps, accuracy / loss | "
             f"`{anchor}` minus it | `{method}`, the same training: steps, accuracy / loss | `{anchor}` minus it |",
             "|---|---|---|---|---|---|"]
@@ -644,9 +652,12 @@ def equal_training(same: str, equal: str, method: str) -> str:
         mine, same_cell, equal_cell = equal_cells[anchor][size], same_cells[method][size], equal_cells[method][size]
         rows.append(f"| {size} ({equal_cell['compression_ratio']:.2f}x) | {training(equal_rows, anchor, size)}: "
                     f"{shown(mine)} | {training(same_rows, method, size)}: {shown(same_cell)} | "
-                    f"{_points_and_loss(same_cell['vs_anchor'])} | {training(equal_rows, method, size)}: "
-                    f"{shown(equal_cell)} | {_points_and_loss(equal_cell['vs_anchor'])} |")
-    rows += ["", f"Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))}; steps: the method's own "
+                    f"{_points_and_loss(same_cell['vs_anchor'])}{by_seed(same_cell)} | "
+                    f"{training(equal_rows, method, size)}: {shown(equal_cell)} | "
+                    f"{_points_and_loss(equal_cell['vs_anchor'])}{by_seed(equal_cell)} |")
+    rows += ["", f"Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))} (pooled intervals resample "
+                 "the test problems of both seeds; \"per seed\": each seed's own difference, in seed order); steps: "
+                 "the method's own "
                  f"tuning up to the size + its recovery, after the task fine-tune (the same-recovery rows were made "
                  f"before path steps were recorded: `{method}`'s path trains nothing). `{anchor}`'s models are the "
                  f"same in both sweeps ({interval_text(same_cells[anchor][sizes[0]]['loss'], 1, 4)} and "

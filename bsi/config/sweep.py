@@ -117,7 +117,7 @@ class SweepConfig(JsonConfig):
                   f"budget_targets must be among the targets {list(self.targets)}, got {list(self.budget_targets)}")
         if self.budgets:
             check(not self.lr_grid, "budgets train every model once, at the recover section's learning rate: pass "
-                                    "--lr-grid '' (and --recover-lr R), or leave --budgets out")
+                                    "--lr-grid none (and --recover-lr R), or leave --budgets out")
             check(not self.match_training, "budgets already give every method the same total training: leave "
                                            "--match-training out")
             check(not self.also_unrecovered, "budgets name each model's whole training: leave --also-unrecovered "
