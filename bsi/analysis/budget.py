@@ -131,10 +131,9 @@ def budget_figure(stats: Mapping[str, Any]):
                 continue
             for row, stat in ((1, first), (2, "loss")):
                 values = [e[stat] for _, e in points]
-                y = [scale * v["estimate"] if stat != "loss" else v["estimate"] for v in values]
-                factor = scale if stat != "loss" else 1.0
+                factor = scale if stat != "loss" else 1.0  # accuracy in %, the loss as it is
                 fig.add_trace(go.Scatter(
-                    x=[b for b, _ in points], y=y, mode="lines+markers", name=method, legendgroup=method,
+                    x=[b for b, _ in points], y=[factor * v["estimate"] for v in values], mode="lines+markers", name=method, legendgroup=method,
                     showlegend=col == 1 and row == 1,
                     line={"color": colors.get(method, "#555555"),
                           "dash": "dash" if method == DENSE_TRAINED else "solid"},
@@ -147,8 +146,7 @@ def budget_figure(stats: Mapping[str, Any]):
         dense = stats.get("dense")
         if dense and not text:
             for row, stat in ((1, "accuracy"), (2, "loss")):
-                level = scale * dense[stat]["estimate"] if stat == "accuracy" else dense[stat]["estimate"]
-                fig.add_hline(y=level, line={"dash": "dot", "color": "#999999"}, row=row, col=col)
+                fig.add_hline(y=(scale if stat == "accuracy" else 1.0) * dense[stat]["estimate"], line={"dash": "dot", "color": "#999999"}, row=row, col=col)
         fig.update_xaxes(type="log", dtick=math.log10(2), title_text="total training after the fine-tune (steps)",
                          row=2, col=col)
         fig.update_yaxes(type="log", row=2, col=col)
