@@ -22,16 +22,22 @@ Each notebook opens with its measured run time: the builder writes one line,
 generated from ``docs/walkthroughs/times.json`` (written by ``render.py``, see
 ``make walkthroughs``), under the title of the first Markdown cell. The
 sources hold no numbers, and ``--check`` compares against the same line.
+
+A code cell that only writes a reading of the numbers as prose (each
+notebook's "What the data say") is tagged ``# %% tags=["hide-input"]``:
+JupyterLab shows its code folded, and the rendered copies show only what it
+wrote (``render.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import nbformat
 
@@ -44,21 +50,40 @@ TIMES = HERE.parent / "docs" / "walkthroughs" / "times.json"
 """The measured run times of the rendered walkthroughs (``render.py`` writes it)."""
 
 
-def parse_cells(text: str) -> list[tuple[str, str]]:
-    """``[(kind, source), ...]`` with kind ``"markdown"`` or ``"code"``, from a percent-format script."""
-    cells: list[tuple[str, list[str]]] = []
+class Cell(NamedTuple):
+    """One cell of a source: its kind (``"markdown"`` or ``"code"``), its text and its tags."""
+
+    kind: str
+    source: str
+    tags: tuple[str, ...] = ()
+
+
+#: The tag that folds a code cell: JupyterLab shows it collapsed, the rendered copies show only its outputs.
+HIDE_INPUT = "hide-input"
+_TAGS = re.compile(r"\btags=(\[[^\]]*\])")
+
+
+def parse_cells(text: str) -> list[Cell]:
+    """The cells of a percent-format script, each with its kind, text and tags.
+
+    A cell starts at a ``# %%`` line; ``# %% [markdown]`` starts a Markdown
+    cell, and ``tags=["hide-input"]`` on that line (Jupytext writes tags the
+    same way) gives the cell its tags.
+    """
+    cells: list[tuple[str, tuple[str, ...], list[str]]] = []
     for line in text.splitlines():
         if line.startswith(MARKER):
             kind = "markdown" if "[markdown]" in line else "code"
-            cells.append((kind, []))
+            tags = _TAGS.search(line)
+            cells.append((kind, tuple(json.loads(tags[1])) if tags else (), []))
         elif cells:
-            kind, lines = cells[-1]
+            kind, _, lines = cells[-1]
             if kind == "markdown":
                 if line.strip() and not line.startswith("#"):
                     raise ValueError(f"markdown line without '# ': {line!r}")
                 line = line[2:] if line.startswith("# ") else line.lstrip("#")
             lines.append(line)
-    return [(kind, "\n".join(lines).strip("\n")) for kind, lines in cells if "\n".join(lines).strip()]
+    return [Cell(kind, "\n".join(lines).strip("\n"), tags) for kind, tags, lines in cells if "\n".join(lines).strip()]
 
 
 def load_times(path: Path = TIMES) -> dict[str, Any]:
@@ -143,12 +168,16 @@ def build_notebook(source: Path, times: Mapping[str, Any] | None = None) -> nbfo
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
         "language_info": {"name": "python"},
     }
-    for n, (kind, text) in enumerate(parse_cells(source.read_text(encoding="utf-8"))):
+    for n, (kind, text, tags) in enumerate(parse_cells(source.read_text(encoding="utf-8"))):
         if kind == "markdown" and line:
             text, line = with_runtime(text, line), None
         maker = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
         cell = maker(text)
         cell.id = f"{source.stem[:2]}-{n:03d}"
+        if tags:
+            cell.metadata["tags"] = list(tags)
+        if HIDE_INPUT in tags:
+            cell.metadata["jupyter"] = {"source_hidden": True}  # JupyterLab shows the cell folded
         nb.cells.append(cell)
     nbformat.validate(nb)
     return nb

@@ -66,6 +66,7 @@ import nbformat
 from jinja2 import DictLoader
 from nbclient import NotebookClient
 from nbconvert import HTMLExporter, MarkdownExporter
+from nbconvert.preprocessors import TagRemovePreprocessor
 
 from bsi.errors import BSIError
 from bsi.files import atomic_write_json, atomic_write_text
@@ -99,6 +100,8 @@ print(_json.dumps({_id: _w.to_plotly_json() for _id, _w in list(_widgets.items()
                   cls=_pu.PlotlyJSONEncoder))
 """
 FIGURE_STATE = "bsi_figure_widgets"
+#: a figure's PNG size (layout pixels, drawn at 1.5x) where its layout sets none: plotly's own default
+PNG_SIZE = (700, 500)
 STAMP = re.compile(r"<!-- bsi walkthrough (\{.*?\}) -->")
 
 
@@ -441,6 +444,11 @@ def relinked(nb: nbformat.NotebookNode, pages: str) -> nbformat.NotebookNode:
     return nb
 
 
+def _fold_hidden_inputs(exporter: HTMLExporter | MarkdownExporter) -> None:
+    """Leave out the code of the cells tagged ``hide-input`` (their outputs stay): the page shows the reading."""
+    exporter.register_preprocessor(TagRemovePreprocessor(remove_input_tags={build.HIDE_INPUT}), enabled=True)
+
+
 def html_page(nb: nbformat.NotebookNode, stamp: str) -> str:
     """The offline HTML page of an executed (static) notebook: plotly figures drawn by the local plotly.js."""
     import plotly.io as pio
@@ -458,6 +466,7 @@ def html_page(nb: nbformat.NotebookNode, stamp: str) -> str:
                 output.data["text/markdown"] = tex_to_mathml(output.data["text/markdown"])
     exporter = HTMLExporter(template_name="lab", extra_loaders=[DictLoader({"walkthrough.html.j2": PAGE_TEMPLATE})],
                             template_file="walkthrough.html.j2")
+    _fold_hidden_inputs(exporter)
     body, _ = exporter.from_notebook_node(nb, resources={"plotly_js": PLOTLY_JS})
     return body.replace("<head>", f"<head>\n{stamp}", 1)
 
@@ -472,8 +481,11 @@ def markdown_page(nb: nbformat.NotebookNode, stem: str, stamp: str) -> tuple[str
         try:
             with tempfile.TemporaryDirectory() as tmp:
                 paths = [Path(tmp) / f"{n}.png" for n in range(len(figures))]
-                pio.write_images([pio.from_json(json.dumps(o.data[PLOTLY]), skip_invalid=True) for o in figures],
-                                 paths, format="png", scale=1.5)
+                drawn = [pio.from_json(json.dumps(o.data[PLOTLY]), skip_invalid=True) for o in figures]
+                # kaleido draws at its default 700 x 500 unless told: each figure at the size its layout asks for
+                pio.write_images(drawn, paths, format="png", scale=1.5,
+                                 width=[f.layout.width or PNG_SIZE[0] for f in drawn],
+                                 height=[f.layout.height or PNG_SIZE[1] for f in drawn])
                 pngs = [p.read_bytes() for p in paths]
         except Exception as error:  # kaleido's errors (no browser, a crash) come in several types
             raise BSIError(f"could not draw the figures as PNG ({error}); kaleido needs Chromium: run `make chromium`"
@@ -482,6 +494,7 @@ def markdown_page(nb: nbformat.NotebookNode, stem: str, stamp: str) -> tuple[str
             output.data = {"image/png": base64.b64encode(png).decode("ascii"),
                            "text/plain": output.data.get("text/plain", "Figure")}
     exporter = MarkdownExporter()  # its ExtractOutputPreprocessor moves each image to a file
+    _fold_hidden_inputs(exporter)
     body, resources = exporter.from_notebook_node(nb, resources={"output_files_dir": f"{stem}_files",
                                                                  "unique_key": stem})
     return f"{stamp}\n\n{body}", dict(resources.get("outputs", {}))

@@ -112,12 +112,17 @@ def test_every_notebook_has_a_source_and_none_holds_outputs():
 
 def test_builder_reads_the_percent_format_and_detects_outputs(tmp_path):
     build = _builder()
-    cells = build.parse_cells("header\n# %% [markdown]\n# # Title\n#\n# text\n\n# %%\nx = 1\n\n# %%\n\n")
-    assert cells == [("markdown", "# Title\n\ntext"), ("code", "x = 1")]
+    cells = build.parse_cells("header\n# %% [markdown]\n# # Title\n#\n# text\n\n# %%\nx = 1\n\n# %%\n\n"
+                              '# %% tags=["hide-input"]\nprint(x)\n')
+    assert cells == [("markdown", "# Title\n\ntext", ()), ("code", "x = 1", ()), ("code", "print(x)", ("hide-input",))]
     source = tmp_path / "07_demo.py"
     source.write_text("# %%\nprint(1)\n")
     nb = build.build_notebook(source)
-    assert not build.has_outputs(nb) and nb.cells[0].id == "07-000"
+    assert not build.has_outputs(nb) and nb.cells[0].id == "07-000" and not nb.cells[0].metadata
+    source.write_text('# %% tags=["hide-input"]\nprint(1)\n')
+    assert build.build_notebook(source).cells[0].metadata == {"tags": ["hide-input"], "jupyter": {"source_hidden": True}}
+    source.write_text("# %%\nprint(1)\n")
+    nb = build.build_notebook(source)
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", text="1\n")]
     assert build.has_outputs(nb)
     with pytest.raises(ValueError, match="markdown line"):

@@ -11,6 +11,7 @@ import torch
 
 from bsi.analysis.stats import (
     Outcomes,
+    _stack,
     paired_difference,
     per_seed_differences,
     pooled_value,
@@ -74,6 +75,27 @@ def test_resamples_stay_within_their_seed_and_keep_its_size():
     assert picks.shape == (200, 8)
     assert torch.all(strata[picks] == strata)  # a seed's problems are drawn from that seed only
     assert picks[:, :5].unique().numel() == 5 and picks[:, 5:].unique().numel() == 3
+
+
+def test_the_shared_resamples_give_the_intervals_of_one_draw_per_pair_to_the_last_bit():
+    """Intervals share one resample matrix per layout and sum whole numbers as counts: the same numbers as before."""
+    a = [noisy(40, 0.6, 0.5, 1), noisy(30, 0.5, 0.7, 2)]
+    b = [noisy(40, 0.4, 0.6, 3), noisy(30, 0.5, 0.6, 4)]
+    strata = torch.tensor([0] * 40 + [1] * 30)
+    scattered = torch.tensor([0, 1] * 35)  # the seeds interleaved: the general, gathering path
+    for layout in (strata, scattered):
+        picks = stratified_resamples(layout, 500, torch.Generator().manual_seed(7))
+        assert torch.all(layout[picks] == layout)
+    picks = stratified_resamples(strata, 500, torch.Generator().manual_seed(7))  # (R, N) drawn for this pair alone
+    for statistic in ("accuracy", "loss"):
+        num_a, den_a, _ = _stack(a, statistic)
+        num_b, den_b, _ = _stack(b, statistic)
+        diffs = num_a[picks].sum(1) / den_a[picks].sum(1) - num_b[picks].sum(1) / den_b[picks].sum(1)
+        tail = (1 - 0.95) / 2  # as paired_difference computes it (0.025000000000000022)
+        low, high = torch.quantile(diffs, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
+        shared = paired_difference(a, b, statistic, resamples=500, seed=7)
+        assert (shared.low, shared.high) == (low, high)  # exactly, not approximately
+        assert paired_difference(a, b, statistic, resamples=500, seed=8) != shared  # another seed, another draw
 
 
 def test_pooled_values_weight_tokens_and_skip_loss_only_problems():

@@ -190,11 +190,22 @@ def test_tiny_render_reads_anywhere(stem, tiny_render):
     assert "plotly" not in markdown.lower().split("```")[-1]  # no figure left as script or JSON after the code
     images = _images(markdown)
     assert len(images) == len(figures) and all(not i.startswith(("http:", "https:", "/")) for i in images)
-    for image in images:
+    for image, figure in zip(images, figures):
         data = (out / image).read_bytes()
         width, height = _png_size(data)
         assert len(data) > 10_000 and width >= 400 and height >= 200  # a drawn figure, not a blank
+        layout = figure["data"][render.PLOTLY].get("layout", {})  # drawn at 1.5x the size the figure asks for
+        assert (width, height) == (round(1.5 * layout.get("width", render.PNG_SIZE[0])),
+                                   round(1.5 * layout.get("height", render.PNG_SIZE[1]))), image
     assert len({(out / i).read_bytes() for i in images}) == len(images)  # every figure its own picture
+
+    # "What the data say": the notebook keeps its code, folded; the pages show only the reading it wrote
+    folded = [c for c in executed.cells if build.HIDE_INPUT in c.metadata.get("tags", ())]
+    assert len(folded) == 1 and folded[0].metadata["jupyter"] == {"source_hidden": True}
+    reading = "".join(o.get("data", {}).get("text/markdown", "") for o in folded[0].outputs)
+    code = max(folded[0].source.splitlines(), key=len).strip()  # its longest line: in no page
+    assert reading and code not in markdown and code not in shown
+    assert reading.splitlines()[0][:60] in markdown
 
 
 def test_interactive_views_are_shown_as_the_notebook_left_them(tiny_render):

@@ -26,6 +26,7 @@ Everything here is plain numerics on lists and tensors: no model, no files.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -122,8 +123,46 @@ def stratified_resamples(strata: torch.Tensor, count: int, generator: torch.Gene
     for s in torch.unique(strata).tolist():
         members = torch.nonzero(strata == s).flatten()  # (n_s,)
         picks = torch.randint(0, members.numel(), (count, members.numel()), generator=generator)
-        rows[:, members] = members[picks]
+        start, size = int(members[0]), members.numel()
+        if int(members[-1]) == start + size - 1:  # a block of consecutive positions (as _stack lays the seeds out)
+            rows[:, start:start + size] = picks + start  # the same numbers as the general case, without its gather
+        else:
+            rows[:, members] = members[picks]
     return rows
+
+
+@functools.lru_cache(maxsize=4)
+def _seeded_resamples(strata: tuple[int, ...], count: int, seed: int) -> torch.Tensor:
+    """:func:`stratified_resamples` from a fresh generator seeded with ``seed``, computed once per layout.
+
+    Every interval of a table draws from the same seed over the same seeds'
+    problems, so all of them share one (count, N) resample matrix: drawing it
+    again for each pair of models gave the same numbers at many times the
+    cost. The matrix is only read (indexed), never written.
+    """
+    return stratified_resamples(torch.tensor(strata, dtype=torch.long), count, torch.Generator().manual_seed(seed))
+
+
+@functools.lru_cache(maxsize=4)
+def _seeded_counts(strata: tuple[int, ...], count: int, seed: int) -> torch.Tensor:
+    """(count, N) float64: how many times each position is drawn in each resample of :func:`_seeded_resamples`."""
+    picks = _seeded_resamples(strata, count, seed)  # (R, N)
+    return torch.zeros(picks.shape, dtype=torch.float64).scatter_add_(1, picks, torch.ones(picks.shape,
+                                                                                          dtype=torch.float64))
+
+
+def _resample_sums(values: torch.Tensor, strata: tuple[int, ...], count: int, seed: int) -> torch.Tensor:
+    """(count,) float64: the sum of ``values`` (N,) over each bootstrap resample.
+
+    Whole numbers (right or wrong, token counts) are summed as draw counts
+    times values, a matrix-vector product that is exact in float64 and far
+    cheaper than gathering each resample; other values (summed losses) are
+    gathered and summed in each resample's own order, so the result is the
+    same to the last bit either way.
+    """
+    if bool((values == values.round()).all()):
+        return _seeded_counts(strata, count, seed) @ values
+    return values[_seeded_resamples(strata, count, seed)].sum(1)
 
 
 def pooled_value(runs: Sequence[Outcomes], statistic: str) -> float:
@@ -153,8 +192,9 @@ def paired_difference(a: Sequence[Outcomes], b: Sequence[Outcomes], statistic: s
     if num_a.numel() == 0:
         return Interval(float("nan"), float("nan"), float("nan"), 0)
     estimate = float(num_a.sum() / den_a.sum() - num_b.sum() / den_b.sum())
-    picks = stratified_resamples(strata, resamples, torch.Generator().manual_seed(seed))  # (R, N)
-    diffs = num_a[picks].sum(1) / den_a[picks].sum(1) - num_b[picks].sum(1) / den_b[picks].sum(1)  # (R,)
+    layout = tuple(strata.tolist())
+    sums = [_resample_sums(values, layout, resamples, seed) for values in (num_a, den_a, num_b, den_b)]  # each (R,)
+    diffs = sums[0] / sums[1] - sums[2] / sums[3]  # (R,)
     tail = (1 - level) / 2
     low, high = torch.quantile(diffs, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
     return Interval(estimate, low, high, int(num_a.numel()))
@@ -166,8 +206,8 @@ def value_interval(runs: Sequence[Outcomes], statistic: str, *, resamples: int =
     num, den, strata = _stack(runs, statistic)
     if num.numel() == 0:
         return Interval(float("nan"), float("nan"), float("nan"), 0)
-    picks = stratified_resamples(strata, resamples, torch.Generator().manual_seed(seed))
-    values = num[picks].sum(1) / den[picks].sum(1)
+    layout = tuple(strata.tolist())
+    values = _resample_sums(num, layout, resamples, seed) / _resample_sums(den, layout, resamples, seed)  # (R,)
     tail = (1 - level) / 2
     low, high = torch.quantile(values, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
     return Interval(float(num.sum() / den.sum()), low, high, int(num.numel()))

@@ -635,8 +635,11 @@ print(f"Result: {len(layers)} layers ({sum(layer.rank for layer in layers.values
 # ## What the data say
 #
 # Every result this run printed, the unflattering ones first:
+#
+# *The code that writes this reading from the run's numbers is folded in the
+# notebook (open it there); the rendered pages show only what it wrote.*
 
-# %%
+# %% tags=["hide-input"]
 W, L = windows.shape
 display(Markdown("\n".join([
     f"* **The plain SVD's smallest bases are not unimportant on this model.** Dropping the smallest 1% of every "

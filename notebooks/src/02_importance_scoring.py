@@ -301,8 +301,13 @@ fig.add_trace(go.Scatter(x=positions.numpy(), y=exact_diag.numpy(), mode="marker
 for label, symbol, size in (("fisher", "diamond", 11), ("mc-fisher", "square", 6), ("hutchinson", "x", 7)):
     fig.add_trace(go.Scatter(x=positions.numpy(), y=estimates[label].numpy(), mode="markers", name=label,
                              marker={"size": size, "symbol": symbol}))
-fig.update_layout(height=380, title=f"Hessian diagonal on the probe set ({len(batches)} batches)",
-                  xaxis_title="basis i of the layer", yaxis_title="d2l/dsigma_i^2")
+# a log axis: the sources differ by factors (the empirical Fisher's gap below the exact entries would hide under a
+# few large values on a linear one); a value at or below zero has no place on it and is counted in the title
+left_out = sum(int((e <= 0).sum()) for e in (exact_diag, *estimates.values()))
+fig.update_layout(height=380, title=f"Hessian diagonal on the probe set ({len(batches)} batches)"
+                  + (f"; {left_out} values <= 0 not drawn" if left_out else ""),
+                  xaxis_title="basis i of the layer", yaxis_title="d2l/dsigma_i^2 (log)", yaxis_type="log",
+                  yaxis_exponentformat="power")
 fig.show()
 relative_error = {label: float((e - exact_diag).norm() / exact_diag.norm()) for label, e in estimates.items()}
 ratio = {label: float((e / exact_diag).median()) for label, e in estimates.items()}  # > 1: overestimates
@@ -313,7 +318,10 @@ display(Markdown(table([{"source": label, "relative error": relative_error[label
 
 # %% [markdown]
 # *What to see:* each source is right where its marker sits inside the
-# circle of the exact diagonal. The relative error is
+# circle of the exact diagonal. The axis is logarithmic, so the same gap
+# anywhere on it is the same factor: a source that sits a fixed distance
+# below the circles is off by a constant factor (a bias), one that scatters
+# around them is noisy. The relative error is
 # `||estimate - exact|| / ||exact||` over the probe set, on the same batches.
 
 # %%
@@ -817,8 +825,11 @@ display(Markdown(
 #
 # Computed from this run, so they stay true after a new render; the
 # unflattering results first.
+#
+# *The code that writes this reading from the run's numbers is folded in the
+# notebook (open it there); the rendered pages show only what it wrote.*
 
-# %%
+# %% tags=["hide-input"]
 def eps_reading(study, rule_eps: float) -> str:
     """Section 3's eps series in words: where Hutchinson's diagonal is closest to the exact one, and what it moves."""
     points = sorted(study.points.values(), key=lambda p: p.eps)

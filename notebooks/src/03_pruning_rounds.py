@@ -231,6 +231,7 @@ fig.add_trace(go.Bar(x=[f"round {r.round}" for r in rounds], y=[r.loss_after for
                      marker_color="#d62728"), row=1, col=2)
 fig.update_xaxes(title="iteration", row=1, col=1)
 fig.update_yaxes(title="answer-token loss", row=1, col=1)
+fig.update_yaxes(title="answer-token loss, fixed batch", row=1, col=2)
 fig.update_layout(height=420, template="plotly_white", legend={"orientation": "h", "yanchor": "top", "y": -0.2, "x": 0})
 fig.show()
 
@@ -383,6 +384,8 @@ fig.add_trace(go.Scatter(x=[kind_label[k] for k in by_kind.index], y=[break_even
 for kind, group in final.dropna(subset=["block"]).groupby("kind"):
     fig.add_trace(go.Scatter(x=group["block"], y=group["kept"], mode="lines", name=kind_label[kind]), row=1, col=2)
 fig.update_yaxes(range=[0, 1.05])
+fig.update_yaxes(title="mean share of rank kept", row=1, col=1)
+fig.update_yaxes(title="share of rank kept", row=1, col=2)
 fig.update_xaxes(title="block", row=1, col=2)
 fig.update_layout(height=440, template="plotly_white", legend={"orientation": "h", "yanchor": "top", "y": -0.15, "x": 0})
 fig.show()
@@ -419,7 +422,7 @@ layer_pick = widgets.Dropdown(options=names, value=most_pruned, description="lay
 info = widgets.HTML()
 bases = go.FigureWidget(
     [go.Scatter(mode="markers", name=n, marker={"size": 5, "color": color})
-     for n, color in (("protected", "#999"), ("pool, kept", "#1f77b4"), ("pruned", "#d62728"))],
+     for n, color in (("protected", "#999"), ("pruned", "#d62728"), ("pool, kept", "#1f77b4"))],  # kept on top
     layout={"height": 320, "xaxis_title": "original basis index", "yaxis_title": "|sigma_i|", "yaxis_type": "log",
             "yaxis_exponentformat": "power", "showlegend": True, "margin": {"t": 40}, "template": "plotly_white",
             "title": "the layer's bases at the cut"})
@@ -445,8 +448,10 @@ def show_round(*_):
     raw = -lr.sigma * lr.grad if lr.grad is not None else lr.terms.get("gradient", zero)  # (r,) before the test
     curvature = lr.terms.get("curvature", zero)  # (r,)
     passed = pool & (lr.terms.get("gradient", zero) != 0)  # (r,) first-order term kept by the score
+    drawn = {"protected": groups[0], "pool, kept": groups[1], "pruned": groups[2]}
     with bases.batch_update():
-        for trace, mask in zip(bases.data, groups):
+        for trace in bases.data:
+            mask = drawn[trace.name]
             trace.x, trace.y = lr.basis_ids[mask].tolist(), lr.sigma[mask].abs().tolist()
     with term_plot.batch_update():
         for trace, mask in zip(term_plot.data, (*groups[1:], passed)):
@@ -531,7 +536,7 @@ score_pick = widgets.ToggleButtons(options=list(scores), value=list(scores)[1], 
 rule_info = widgets.HTML()
 rule_bases = go.FigureWidget(
     [go.Scatter(mode="markers", name=n, marker={"size": 5, "color": color})
-     for n, color in (("protected", "#999"), ("pool, kept", "#1f77b4"), ("pool, pruned", "#d62728"))],
+     for n, color in (("protected", "#999"), ("pool, pruned", "#d62728"), ("pool, kept", "#1f77b4"))],  # kept on top
     layout={"height": 320, "xaxis_title": "original basis index", "yaxis_title": "|sigma_i|", "yaxis_type": "log",
             "yaxis_exponentformat": "power", "showlegend": True, "margin": {"t": 40}, "template": "plotly_white",
             "title": "step 1: the pool (the small |sigma|)"})
@@ -548,12 +553,14 @@ rule_mass = go.FigureWidget(
 def show_rule(*_):
     importance = scores[score_pick.value]
     pool, pruned, fraction, own = rule(keep_slider.value, importance)
-    status = torch.zeros(sigma.numel(), dtype=torch.long)  # (r,) 0 protected, 1 kept, 2 pruned
-    status[pool] = 1
-    status[pruned] = 2
+    in_pool = torch.zeros(sigma.numel(), dtype=torch.bool)  # (r,)
+    in_pool[pool] = True
+    cut = torch.zeros(sigma.numel(), dtype=torch.bool)  # (r,)
+    cut[pruned] = True
+    drawn = {"protected": ~in_pool, "pool, kept": in_pool & ~cut, "pool, pruned": cut}
     with rule_bases.batch_update():
-        for code, trace in enumerate(rule_bases.data):
-            mask = status == code
+        for trace in rule_bases.data:
+            mask = drawn[trace.name]
             trace.x, trace.y = example.basis_ids[mask].tolist(), sigma[mask].abs().tolist()
     values = importance[pool].sort(descending=True).values  # (p,)
     positive = values.clamp(min=0)
@@ -724,8 +731,11 @@ print(f"Result: {params_before:,} -> {params_after:,} parameters ({params_before
 
 # %% [markdown]
 # ## What the data say
+#
+# *The code that writes this reading from the run's numbers is folded in the
+# notebook (open it there); the rendered pages show only what it wrote.*
 
-# %%
+# %% tags=["hide-input"]
 def whatif_reading(series, path) -> str:
     """Section 9's static series in words: the one-shot cuts at the run's size against the run's own model."""
     own = {p.cut.rank_by: p for p in series[:3]}

@@ -339,8 +339,11 @@ print(f"Result: top-{settings.spectrum_k} Hessian spectra of {len(result.layers)
 
 # %% [markdown]
 # ## What the data say
+#
+# *The code that writes this reading from the run's numbers is folded in the
+# notebook (open it there); the rendered pages show only what it wrote.*
 
-# %%
+# %% tags=["hide-input"]
 failing = [s for s in result.layers if not holds[s.name]]
 steeper = [s for s in result.layers if s.fit.alpha > s.fit.alpha_envelope]
 negative = sum(round(s.negative_share * s.k) for s in result.layers)

@@ -214,8 +214,11 @@ outcome = {
 #
 # Computed from this run and the shipped sweep, so they stay true after a new
 # render:
+#
+# *The code that writes this reading from the run's numbers is folded in the
+# notebook (open it there); the rendered pages show only what it wrote.*
 
-# %%
+# %% tags=["hide-input"]
 def cell(method, target=smallest, source=block):
     return source.get(method, {}).get(f"{target:g}")
 

@@ -254,8 +254,11 @@ print(f"Result: perplexity {before.perplexity:.2f} -> {after.perplexity:.2f} ({r
 #
 # Computed from this run and the shipped files, so they stay true after a new
 # render:
+#
+# *The code that writes this reading from the run's numbers is folded in the
+# notebook (open it there); the rendered pages show only what it wrote.*
 
-# %%
+# %% tags=["hide-input"]
 def shipped_row(method, target, recovered=True):
     """The shipped sweep's row of ``method`` at ``target``, after recovery or before."""
     return next(r for r in shipped_rows if r.method == method and r.target == target and r.recovered == recovered)
