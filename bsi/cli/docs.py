@@ -683,7 +683,7 @@ def score_ablation(ablations: str, methods: str, *others: str) -> str:
     seeds = {r.seed for r in rows}
     anchor = next(iter(cells))
     compared = [(m, cells[m], rows) for m in methods.split(",")]
-    fewer = []  # "`bsi-grad`: seeds 0, 1 (from study-quick)" where another sweep lacks some of these seeds
+    fewer = []  # a note for each method taken from a sweep that lacks some of these seeds
     for other in others:
         name, method = other.split(":")
         other_cells, other_rows = _tuned_cells(name, seeds)
