@@ -86,6 +86,12 @@ def test_the_shared_resamples_give_the_intervals_of_one_draw_per_pair_to_the_las
     for layout in (strata, scattered):
         picks = stratified_resamples(layout, 500, torch.Generator().manual_seed(7))
         assert torch.all(layout[picks] == layout)
+        generator, gathered = torch.Generator().manual_seed(7), torch.empty_like(picks)
+        for s in (0, 1):  # the draws written as the general case writes them, a gather per seed
+            members = torch.nonzero(layout == s).flatten()
+            gathered[:, members] = members[torch.randint(0, members.numel(), (500, members.numel()),
+                                                         generator=generator)]
+        assert torch.equal(picks, gathered)  # the block path (seeds laid out one after another) draws the same
     picks = stratified_resamples(strata, 500, torch.Generator().manual_seed(7))  # (R, N) drawn for this pair alone
     for statistic in ("accuracy", "loss"):
         num_a, den_a, _ = _stack(a, statistic)
