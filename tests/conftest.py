@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -23,6 +24,16 @@ UNIT_FILES = frozenset({"test_theory.py", "test_stats.py", "test_estimator.py", 
                         "test_text.py", "test_results.py", "test_links.py", "test_style.py"})
 E2E_FILES = frozenset({"test_app_browser.py", "test_notebooks.py", "test_walkthroughs.py", "test_real_model.py"})
 TIERS = ("unit", "integration", "e2e")
+
+
+#: what in an HTML page would fetch from the network: a script, stylesheet or image from another host, a CSS import
+NETWORK = re.compile(r"""(?:<script[^>]*\bsrc|<link[^>]*\bhref|<img[^>]*\bsrc)\s*=\s*["']?\s*(?:https?:)?//"""
+                     r"""|@import\s+(?:url\()?\s*["']?(?:https?:)?//|url\(\s*["']?(?:https?:)?//""", re.I)
+
+
+def markdown_images(markdown: str) -> list[str]:
+    """The targets of a Markdown page's images (``![alt](target)``), in order."""
+    return re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", markdown)
 
 
 def load_script(path: Path, name: str | None = None):
@@ -71,6 +82,24 @@ def recorded_file_seconds(folder: Path = SPEED_DATA) -> dict[str, float]:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return files
+
+
+#: the thread settings a process reads when it starts (torch's OpenMP pool, MKL's)
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def pytest_configure(config):
+    """On a pytest-xdist worker, every process a test starts (a CLI run, the app, lm-eval, a rank) gets one thread.
+
+    The worker itself runs each test on one thread (:func:`_threads_per_test`),
+    but a child process reads its thread count from the environment when it
+    starts and would take every core: beside the other worker's test that is
+    three threads on two cores, and they slow each other down. A value the user
+    set is kept.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in THREAD_VARIABLES:
+            os.environ.setdefault(name, "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -89,6 +89,9 @@ def test_bsis_own_tasks_build_without_reading_lm_evals_task_files():
     harness.check_tasks(list(harness.SHIPPED_TASKS), own)  # both build from the package alone
     everything = harness.task_manager(tasks=["bsi_wikitext2", "hellaswag"])
     assert {"bsi_wikitext2", "hellaswag"} <= set(everything.all_tasks) and len(everything.all_tasks) > 1000
+    # the packages' folders are indexed once per process (a user's --include-path folder on every call)
+    assert harness.task_manager(tasks=["hellaswag"]) is everything and harness.task_manager() is everything
+    assert harness.task_manager(tasks=["bsi_wikitext2"]) is own
 
 
 def test_shipped_tasks_read_bsis_own_data():

@@ -12,20 +12,32 @@ open on demand (``<details>`` blocks in Markdown cells) and a further-reading
 list citing both papers; the code of every solution is run after the
 notebook, in the same kernel, so a solution that no longer matches the API
 fails here.
+
+Two notebooks (:data:`RENDERED`) are also rendered here as ``make
+walkthroughs`` renders them (a fresh kernel, kaleido drawing the figures in
+Debian's Chromium) and the copies are read back: the HTML page holds the
+outputs and loads nothing from the network, the Markdown copy's images are
+real PNG figures at their own sizes, the times file round-trips and the
+first cell opens with the line made from it. That render's run is also
+their run for the checks above: each notebook is executed once.
 """
 
 from __future__ import annotations
 
+import copy
+import html
 import json
 import math
 import os
 import re
+import shutil
+import struct
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import load_script
+from conftest import NETWORK, load_script, markdown_images
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,24 +193,50 @@ def _texts(nb) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_on_the_tiny_model(path, tmp_path, monkeypatch):
+#: the last cell appended to every run: which interpreter and bsi the kernel ran, and the notebook's ``outcome``
+PROBE = ("import sys, json, bsi\nprint('KERNEL', sys.executable, bsi.__file__)\n"
+         "print('OUTCOME', json.dumps(outcome, default=float))")
+
+
+def with_exercises(nb) -> tuple[nbformat.NotebookNode, int]:
+    """A copy of ``nb`` with its exercises' solutions and :data:`PROBE` appended, and how many cells were appended."""
+    nb = copy.deepcopy(nb)
+    extra = [nbformat.v4.new_code_cell(code) for code in solutions(nb)] + [nbformat.v4.new_code_cell(PROBE)]
+    nb.cells.extend(extra)
+    return nb, len(extra)
+
+
+def run_with_exercises(path: Path, tmp_path: Path, monkeypatch) -> nbformat.NotebookNode:
+    """``path`` run headlessly on the tiny model with its solutions and :data:`PROBE` after it, every output kept."""
     monkeypatch.setenv("BSI_NOTEBOOK_MODEL", "tiny-random-llama")
     monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two shared cores: threads would only fight
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    nb = nbformat.read(path, as_version=4)
-    probe = nbformat.v4.new_code_cell("import sys, json, bsi\nprint('KERNEL', sys.executable, bsi.__file__)\n"
-                                      "print('OUTCOME', json.dumps(outcome, default=float))")
-    nb.cells.extend(nbformat.v4.new_code_cell(code) for code in solutions(nb))  # the exercises' solutions
-    nb.cells.append(probe)
+    nb, _ = with_exercises(nbformat.read(path, as_version=4))
     client = NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=False,
                             resources={"metadata": {"path": str(tmp_path)}})
     client.execute()  # raises CellExecutionError on the first failing cell
+    assert not list(tmp_path.glob("*.ipynb"))  # executing wrote nothing next to the notebook
+    return nb
 
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_on_the_tiny_model(path, tmp_path, monkeypatch, request):
+    """Each notebook, its exercises' solutions after it, runs without an error and its ``outcome`` shows what it teaches.
+
+    The notebooks the renderer is tested on (:data:`RENDERED`) are checked on
+    that render's run (:func:`tiny_render`), so that each is executed once;
+    without Chromium they run here.
+    """
+    if path.stem in RENDERED and shutil.which(CHROMIUM):
+        nb = request.getfixturevalue("tiny_render")[2][path.stem]
+    else:
+        nb = run_with_exercises(path, tmp_path, monkeypatch)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
+    probe = nb.cells[-1]
+    assert probe.source == PROBE
     kernel_line, outcome_line = "".join(o.text for o in probe.outputs if o.output_type == "stream").splitlines()
     kernel_line = kernel_line.split()
     assert kernel_line[1] == sys.executable  # the kernel is this interpreter (the venv's python)
@@ -210,5 +248,148 @@ def test_notebook_runs_on_the_tiny_model(path, tmp_path, monkeypatch):
     assert sum(PLOTLY in o.get("data", {}) for o in outputs) >= min_figures
     if widget:  # FigureWidget / ipywidgets views rendered (anywidget installed, widget state saved)
         assert any(WIDGET in o.get("data", {}) for o in outputs if "VBox" in str(o.get("data", {}).get("text/plain")))
-    assert not list(tmp_path.glob("*.ipynb"))  # executing wrote nothing next to the notebook
     CHECKS[path.stem[:2]](json.loads(outcome_line.removeprefix("OUTCOME ")))
+
+
+# ------------------------------------------------------------------ the renderer on the tiny model
+CHROMIUM = "/usr/bin/chromium"
+#: the notebooks rendered on the tiny model (``notebooks/render.py``): figures, formulas (04) and interactive views
+#: with (03) and without (04) plotly FigureWidgets
+RENDERED = ("03_pruning_rounds", "04_curvature")
+
+
+def _load_render():
+    return load_script(NOTEBOOK_DIR / "render.py", "notebook_render")
+
+
+@pytest.fixture(scope="module")
+def tiny_render(tmp_path_factory):
+    """``(times, out, runs)``: :data:`RENDERED` rendered on the tiny model into a temporary folder, once for this module.
+
+    The renderer runs as ``make walkthroughs`` runs it, with one addition: its
+    :func:`execute` is wrapped so that each notebook's run also runs the
+    exercises' solutions and :data:`PROBE` in the same kernel, after the
+    notebook. The wrapper takes those cells off again before the renderer
+    sees the run, so the copies are a plain render's; ``runs[stem]`` is the
+    whole run, every output as the kernel gave it (before the static copy),
+    for :func:`test_notebook_runs_on_the_tiny_model`.
+    """
+    if shutil.which(CHROMIUM) is None:
+        pytest.skip("chromium missing: run `make chromium` (apt-get, as root)")
+    render = _load_render()
+    execute, runs = render.execute, {}
+
+    def execute_with_exercises(notebook, model, cache, workdir, *args, **kwargs):
+        nb, extra = with_exercises(notebook)
+        done = execute(nb, model, cache, workdir, *args, **kwargs)
+        assert not list(Path(workdir).glob("*.ipynb"))  # executing wrote nothing next to the notebook
+        stem = next(s for s in RENDERED if s[:2] == notebook.cells[0].id[:2])
+        runs[stem] = copy.deepcopy(done.notebook)
+        del done.notebook.cells[-extra:]
+        return done
+
+    out = tmp_path_factory.mktemp("walkthroughs")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # two shared cores: threads would only fight
+        env.setattr(render, "execute", execute_with_exercises)
+        times = render.render(RENDERED, "tiny-random-llama", out, log=lambda line: None)
+    assert sorted(runs) == sorted(RENDERED)
+    return times, out, runs
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", "not a PNG file"
+    return struct.unpack(">II", data[16:24])
+
+
+def _printed_lines(nb) -> list[str]:
+    """The printed outputs of an executed notebook (streams), line by line."""
+    return [line for c in nb.cells for o in c.get("outputs", []) if o.output_type == "stream"
+            for line in o.text.splitlines() if line.strip()]
+
+
+def _outputs(nb) -> list:
+    return [o for c in nb.cells for o in c.get("outputs", [])]
+
+
+def _notes(outputs: list) -> list[str]:
+    """The notes that stand for interactive views (the renderer's static copies)."""
+    return [o.data["text/markdown"] for o in outputs if "Interactive view" in o.get("data", {}).get("text/markdown", "")]
+
+
+@pytest.mark.parametrize("stem", RENDERED)
+def test_tiny_render_reads_anywhere(stem, tiny_render):
+    times, out, _ = tiny_render
+    render, build = _load_render(), _builder()
+
+    # the times file round-trips and the notebook's first cell opens with the line made from it
+    assert build.load_times(out / "times.json") == json.loads(json.dumps(times))
+    entry = times["notebooks"][stem]
+    assert entry["model"] == "tiny-random-llama" and entry["tiny_s"] > 0 and "not_cached_s" not in entry
+    assert entry["source_sha256"] == render.source_hash(stem) and times["machine"]["cpu_cores"] >= 1
+    line = build.runtime_line(stem, times)
+    assert line.startswith("Run time on ") and line.endswith(f"on the tiny model ({entry['date']}).")
+    first = next(c for c in build.build_notebook(ROOT / "notebooks" / "src" / f"{stem}.py", times).cells
+                 if c.cell_type == "markdown")
+    assert first.source.splitlines()[2] == line  # under the title
+
+    executed = nbformat.read(out / f"{stem}.ipynb", as_version=4)  # what JupyterLab opens, outputs included
+    assert executed.cells[0].source == first.source and not {"widgets", render.FIGURE_STATE} & set(executed.metadata)
+    outputs = _outputs(executed)
+    figures = [o for o in outputs if render.PLOTLY in o.get("data", {})]
+    assert len(figures) >= 2 and not any(render.WIDGET_VIEW in o.get("data", {}) for o in outputs)
+    notes = _notes(outputs)
+    assert notes  # each notebook's interactive views (03 has two), shown as the notebook left them
+    printed = _printed_lines(executed)
+    assert any(t.startswith("Result: ") for t in printed)
+
+    page = (out / f"{stem}.html").read_text(encoding="utf-8")
+    assert render.stamp_of(page) == {"notebook": stem, "model": "tiny-random-llama", "date": entry["date"],
+                                     "source_sha256": entry["source_sha256"]}
+    assert not NETWORK.findall(page), NETWORK.findall(page)[:3]
+    assert re.findall(r'<script[^>]*\bsrc="([^"]+)"', page) == [render.PLOTLY_JS]
+    assert (out / render.PLOTLY_JS).stat().st_size > 1_000_000  # the local plotly.js the figures draw with
+    assert page.count('class="plotly-graph-div"') == len(figures)
+    shown = html.unescape(re.sub(r"<[^>]+>", "", page))  # the page's text: ANSI colours and escapes taken off
+    assert line in shown and all(t in shown for t in printed)  # the run-time line and every printed line
+
+    markdown = (out / f"{stem}.md").read_text(encoding="utf-8")
+    assert render.stamp_of(markdown) == render.stamp_of(page)
+    assert "bsi-walkthroughs-" not in markdown  # no path into the render's temporary folder (its caches, TMPDIR)
+    assert line in markdown and all(t in markdown for t in printed) and all(n in markdown for n in notes)
+    assert "plotly" not in markdown.lower().split("```")[-1]  # no figure left as script or JSON after the code
+    images = markdown_images(markdown)
+    assert len(images) == len(figures) and all(not i.startswith(("http:", "https:", "/")) for i in images)
+    for image, figure in zip(images, figures):
+        data = (out / image).read_bytes()
+        width, height = _png_size(data)
+        assert len(data) > 10_000 and width >= 400 and height >= 200  # a drawn figure, not a blank
+        layout = figure["data"][render.PLOTLY].get("layout", {})  # drawn at 1.5x the size the figure asks for
+        assert (width, height) == (round(1.5 * layout.get("width", render.PNG_SIZE[0])),
+                                   round(1.5 * layout.get("height", render.PNG_SIZE[1]))), image
+    assert len({(out / i).read_bytes() for i in images}) == len(images)  # every figure its own picture
+
+    # "What the data say": the notebook keeps its code, folded; the pages show only the reading it wrote
+    folded = [c for c in executed.cells if build.HIDE_INPUT in c.metadata.get("tags", ())]
+    assert len(folded) == 1 and folded[0].metadata["jupyter"] == {"source_hidden": True}
+    reading = "".join(o.get("data", {}).get("text/markdown", "") for o in folded[0].outputs)
+    code = max(folded[0].source.splitlines(), key=len).strip()  # its longest line: in no page
+    assert reading and code not in markdown and code not in shown
+    assert reading.splitlines()[0][:60] in markdown
+
+
+def test_interactive_views_are_shown_as_the_notebook_left_them(tiny_render):
+    _, out, _ = tiny_render
+    rounds = _outputs(nbformat.read(out / "03_pruning_rounds.ipynb", as_version=4))
+    start = next(n for n, o in enumerate(rounds) if "Interactive view" in o.get("data", {}).get("text/markdown", ""))
+    note, info, *figures = rounds[start:start + 4]
+    assert "`round = 1`" in note.data["text/markdown"] and "`layer = model.layers." in note.data["text/markdown"]
+    assert "round 1: rank" in info.data["text/plain"]  # the HTML line above the plots
+    for figure in figures:  # the FigureWidgets after show_round() filled them, not their empty first state
+        traces = figure.data[PLOTLY]["data"]
+        assert sum(len(t.get("x", [])) for t in traces) > 0
+    curvature = _outputs(nbformat.read(out / "04_curvature.ipynb", as_version=4))
+    (note,) = _notes(curvature)
+    assert "`error e = 0.1`" in note and "`bases n = 128`" in note  # its sliders' values
+    page = (out / "04_curvature.html").read_text(encoding="utf-8")
+    assert "<math" in page and "$$" not in page  # formulas as MathML, none left for a script to typeset

@@ -1,58 +1,30 @@
-"""The rendered walkthroughs (``notebooks/render.py``, ``make walkthroughs``): outputs that read anywhere, timed.
+"""The rendered walkthroughs (``notebooks/render.py``, ``make walkthroughs``): the committed copies and the renderer's parts.
 
-One notebook is rendered for real on the tiny model into a temporary folder
-(a fresh kernel, kaleido drawing its figures in Debian's Chromium); the
-test reads the copies back: the HTML page holds the outputs and loads
-nothing from the network, the Markdown copy's images exist and are real
-PNG figures, the times file round-trips and the notebook's first cell opens
-with the line made from it. The committed copies in ``docs/walkthroughs/``
-must come from the current notebook sources (each copy carries its
-source's SHA-256).
+The committed copies in ``docs/walkthroughs/`` must come from the current
+notebook sources (each copy carries its source's SHA-256) and quote the
+library as it is now. The renderer's run on the tiny model (a fresh kernel,
+kaleido drawing its figures in Debian's Chromium, the copies read back) is
+in ``tests/test_notebooks.py``: that run is also those notebooks' run for
+the notebook checks, so each notebook is executed once.
 """
 
 from __future__ import annotations
 
 import ast
-import html
-import json
 import re
-import shutil
-import struct
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import load_script
+from conftest import NETWORK, load_script, markdown_images
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "walkthroughs"
-CHROMIUM = "/usr/bin/chromium"
-#: the notebooks rendered on the tiny model: figures, formulas (04) and interactive views with (03) and without
-#: (04) plotly FigureWidgets
-STEMS = ("03_pruning_rounds", "04_curvature")
-PLOTLY = "application/vnd.plotly.v1+json"
-NETWORK = re.compile(r"""(?:<script[^>]*\bsrc|<link[^>]*\bhref|<img[^>]*\bsrc)\s*=\s*["']?\s*(?:https?:)?//"""
-                     r"""|@import\s+(?:url\()?\s*["']?(?:https?:)?//|url\(\s*["']?(?:https?:)?//""", re.I)
 
 
 def _load(name: str):
     return load_script(ROOT / "notebooks" / f"{name}.py", f"notebook_{name}")
-
-
-def _png_size(data: bytes) -> tuple[int, int]:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", "not a PNG file"
-    return struct.unpack(">II", data[16:24])
-
-
-def _images(markdown: str) -> list[str]:
-    return re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", markdown)
-
-
-def _texts(nb) -> list[str]:
-    """The printed outputs of an executed notebook (streams), line by line."""
-    return [line for c in nb.cells for o in c.get("outputs", []) if o.output_type == "stream"
-            for line in o.text.splitlines() if line.strip()]
 
 
 def test_runtime_line_comes_from_the_times_file(tmp_path):
@@ -126,105 +98,6 @@ def test_cli_refuses_a_tiny_render_into_docs_and_unknown_notebooks(capsys):
     assert "no notebook numbered 99" in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def tiny_render(tmp_path_factory):
-    """``(times, out)``: :data:`STEMS` rendered on the tiny model into a temporary folder, once for this module."""
-    if shutil.which(CHROMIUM) is None:
-        pytest.skip("chromium missing: run `make chromium` (apt-get, as root)")
-    out = tmp_path_factory.mktemp("walkthroughs")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMP_NUM_THREADS", "1")  # two shared cores: threads would only fight
-        times = _load("render").render(STEMS, "tiny-random-llama", out, log=lambda line: None)
-    return times, out
-
-
-def _outputs(nb) -> list:
-    return [o for c in nb.cells for o in c.get("outputs", [])]
-
-
-def _notes(outputs: list) -> list[str]:
-    """The notes that stand for interactive views (the renderer's static copies)."""
-    return [o.data["text/markdown"] for o in outputs if "Interactive view" in o.get("data", {}).get("text/markdown", "")]
-
-
-@pytest.mark.parametrize("stem", STEMS)
-def test_tiny_render_reads_anywhere(stem, tiny_render):
-    times, out = tiny_render
-    render, build = _load("render"), _load("build")
-
-    # the times file round-trips and the notebook's first cell opens with the line made from it
-    assert build.load_times(out / "times.json") == json.loads(json.dumps(times))
-    entry = times["notebooks"][stem]
-    assert entry["model"] == "tiny-random-llama" and entry["tiny_s"] > 0 and "not_cached_s" not in entry
-    assert entry["source_sha256"] == render.source_hash(stem) and times["machine"]["cpu_cores"] >= 1
-    line = build.runtime_line(stem, times)
-    assert line.startswith("Run time on ") and line.endswith(f"on the tiny model ({entry['date']}).")
-    first = next(c for c in build.build_notebook(ROOT / "notebooks" / "src" / f"{stem}.py", times).cells
-                 if c.cell_type == "markdown")
-    assert first.source.splitlines()[2] == line  # under the title
-
-    executed = nbformat.read(out / f"{stem}.ipynb", as_version=4)  # what JupyterLab opens, outputs included
-    assert executed.cells[0].source == first.source and not {"widgets", render.FIGURE_STATE} & set(executed.metadata)
-    outputs = _outputs(executed)
-    figures = [o for o in outputs if render.PLOTLY in o.get("data", {})]
-    assert len(figures) >= 2 and not any(render.WIDGET_VIEW in o.get("data", {}) for o in outputs)
-    notes = _notes(outputs)
-    assert notes  # each notebook's interactive views (03 has two), shown as the notebook left them
-    printed = _texts(executed)
-    assert any(t.startswith("Result: ") for t in printed)
-
-    page = (out / f"{stem}.html").read_text(encoding="utf-8")
-    assert render.stamp_of(page) == {"notebook": stem, "model": "tiny-random-llama", "date": entry["date"],
-                                     "source_sha256": entry["source_sha256"]}
-    assert not NETWORK.findall(page), NETWORK.findall(page)[:3]
-    assert re.findall(r'<script[^>]*\bsrc="([^"]+)"', page) == [render.PLOTLY_JS]
-    assert (out / render.PLOTLY_JS).stat().st_size > 1_000_000  # the local plotly.js the figures draw with
-    assert page.count('class="plotly-graph-div"') == len(figures)
-    shown = html.unescape(re.sub(r"<[^>]+>", "", page))  # the page's text: ANSI colours and escapes taken off
-    assert line in shown and all(t in shown for t in printed)  # the run-time line and every printed line
-
-    markdown = (out / f"{stem}.md").read_text(encoding="utf-8")
-    assert render.stamp_of(markdown) == render.stamp_of(page)
-    assert "bsi-walkthroughs-" not in markdown  # no path into the render's temporary folder (its caches, TMPDIR)
-    assert line in markdown and all(t in markdown for t in printed) and all(n in markdown for n in notes)
-    assert "plotly" not in markdown.lower().split("```")[-1]  # no figure left as script or JSON after the code
-    images = _images(markdown)
-    assert len(images) == len(figures) and all(not i.startswith(("http:", "https:", "/")) for i in images)
-    for image, figure in zip(images, figures):
-        data = (out / image).read_bytes()
-        width, height = _png_size(data)
-        assert len(data) > 10_000 and width >= 400 and height >= 200  # a drawn figure, not a blank
-        layout = figure["data"][render.PLOTLY].get("layout", {})  # drawn at 1.5x the size the figure asks for
-        assert (width, height) == (round(1.5 * layout.get("width", render.PNG_SIZE[0])),
-                                   round(1.5 * layout.get("height", render.PNG_SIZE[1]))), image
-    assert len({(out / i).read_bytes() for i in images}) == len(images)  # every figure its own picture
-
-    # "What the data say": the notebook keeps its code, folded; the pages show only the reading it wrote
-    folded = [c for c in executed.cells if build.HIDE_INPUT in c.metadata.get("tags", ())]
-    assert len(folded) == 1 and folded[0].metadata["jupyter"] == {"source_hidden": True}
-    reading = "".join(o.get("data", {}).get("text/markdown", "") for o in folded[0].outputs)
-    code = max(folded[0].source.splitlines(), key=len).strip()  # its longest line: in no page
-    assert reading and code not in markdown and code not in shown
-    assert reading.splitlines()[0][:60] in markdown
-
-
-def test_interactive_views_are_shown_as_the_notebook_left_them(tiny_render):
-    _, out = tiny_render
-    rounds = _outputs(nbformat.read(out / "03_pruning_rounds.ipynb", as_version=4))
-    start = next(n for n, o in enumerate(rounds) if "Interactive view" in o.get("data", {}).get("text/markdown", ""))
-    note, info, *figures = rounds[start:start + 4]
-    assert "`round = 1`" in note.data["text/markdown"] and "`layer = model.layers." in note.data["text/markdown"]
-    assert "round 1: rank" in info.data["text/plain"]  # the HTML line above the plots
-    for figure in figures:  # the FigureWidgets after show_round() filled them, not their empty first state
-        traces = figure.data[PLOTLY]["data"]
-        assert sum(len(t.get("x", [])) for t in traces) > 0
-    curvature = _outputs(nbformat.read(out / "04_curvature.ipynb", as_version=4))
-    (note,) = _notes(curvature)
-    assert "`error e = 0.1`" in note and "`bases n = 128`" in note  # its sliders' values
-    page = (out / "04_curvature.html").read_text(encoding="utf-8")
-    assert "<math" in page and "$$" not in page  # formulas as MathML, none left for a script to typeset
-
-
 def test_committed_walkthroughs_match_the_notebook_sources():
     render, build = _load("render"), _load("build")
     stems = [s.stem for s in build.sources()]
@@ -252,7 +125,7 @@ def test_committed_walkthroughs_match_the_notebook_sources():
         assert build.runtime_line(stem, times) in markdown
         assert "bsi-walkthroughs-" not in markdown, f"{stem} prints a path into the render's temporary folder"
         assert not NETWORK.findall(page)
-        assert all((DOCS / image).is_file() for image in _images(markdown))
+        assert all((DOCS / image).is_file() for image in markdown_images(markdown))
     assert (DOCS / render.PLOTLY_JS).is_file()
 
 

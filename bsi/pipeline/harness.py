@@ -31,6 +31,7 @@ one number.
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import json
 import logging
@@ -74,19 +75,33 @@ def task_manager(include_path: str | Path | None = None, tasks: Sequence[str] | 
     ships (and no ``include_path`` is given), lm-eval's own thousands of task
     files are left unread: indexing them takes 5-10 s on 2 cores, twice per
     ``bsi eval --lm-eval`` before. Any other task, or none named, reads them.
+    Without ``include_path`` the folders indexed are the installed packages'
+    own, so their index is built once per process (:func:`_packaged_tasks`);
+    a user's folder is indexed on every call, as its files may have changed.
     """
     from lm_eval.tasks import TaskManager
 
     own_only = include_path is None and tasks is not None and all(t in SHIPPED_TASKS for t in tasks)
-    paths = [str(TASKS_FOLDER)]
-    if include_path is not None:
-        folder = Path(include_path).expanduser()
-        if not folder.is_dir():
-            raise BSIError(f"--include-path '{include_path}' is not a folder: give the folder that holds your task "
-                           "YAML files")
-        check_task_files(folder)
-        paths.append(str(folder))
-    return TaskManager(include_path=paths, include_defaults=not own_only)
+    if include_path is None:
+        return _packaged_tasks(include_lm_evals=not own_only)
+    folder = Path(include_path).expanduser()
+    if not folder.is_dir():
+        raise BSIError(f"--include-path '{include_path}' is not a folder: give the folder that holds your task "
+                       "YAML files")
+    check_task_files(folder)
+    return TaskManager(include_path=[str(TASKS_FOLDER), str(folder)], include_defaults=True)
+
+
+@functools.cache
+def _packaged_tasks(include_lm_evals: bool):
+    """lm-eval's ``TaskManager`` over bsi's task folder, and lm-eval's own tasks with ``include_lm_evals``.
+
+    Both folders are part of installed packages and do not change while a
+    process runs, so each index is built once (5-10 s on 2 cores for lm-eval's).
+    """
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=[str(TASKS_FOLDER)], include_defaults=include_lm_evals)
 
 
 def check_task_files(folder: Path) -> None:
