@@ -83,7 +83,7 @@ def end_of_turn_text(tokenizer: PreTrainedTokenizerBase) -> str:
         return eos
     for token in tokenizer.all_special_tokens:  # e.g. "<|im_end|>" out of "<|im_end|>\n"
         if closing.startswith(token):
-            return token
+            return str(token)
     return closing
 
 
