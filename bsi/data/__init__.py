@@ -31,6 +31,7 @@ from bsi.data.batches import (
     PROCESS_SEED_STRIDE,
     BatchStream,
     BatchUse,
+    EncodedExamples,
     build_prompt,
     collate,
     encode_answer,
@@ -71,7 +72,7 @@ from bsi.data.text import (
 
 __all__ = [
     "DEFAULT_TRAIN_SIZE", "EMBEDDED_TASK", "IGNORE_INDEX", "MAX_LINE_BYTES", "PROCESS_SEED_STRIDE", "BatchStream", "BatchUse",
-    "Example", "TaskData",
+    "EncodedExamples", "Example", "TaskData",
     "answers_match", "build_prompt", "collate", "encode_answer", "encode_example", "encode_prompt", "end_of_turn_text",
     "extract_answer", "generate_math_problems", "load_task", "pad_id", "read_jsonl", "stop_token_ids",
     # text tasks

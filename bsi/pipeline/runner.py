@@ -69,6 +69,7 @@ from bsi.data import (
     PROCESS_SEED_STRIDE,
     BatchStream,
     BatchUse,
+    EncodedExamples,
     Example,
     TaskData,
     TextBatchStream,
@@ -318,6 +319,7 @@ class Pipeline:
         self.text: TextTask | None = None  # a text task, tokenized (None on a question/answer task)
         self.train_windows: torch.Tensor | None = None  # (W, window): the text windows that train
         self.validation_windows: torch.Tensor | None = None  # (V, window): the last training windows, set aside
+        self._train_tokens: EncodedExamples | None = None  # the training examples' tokens, shared by every stream
         self.perplexities: dict[str, dict] = {}  # text task: each evaluation's protocol (protocol_record)
         self.rounds: list[RoundReport] = []
         self.metrics: dict[str, Metrics] = {}
@@ -397,13 +399,18 @@ class Pipeline:
 
         Seeded ``run seed + use + PROCESS_SEED_STRIDE * rank``: each use and
         each process draws its own order. On a text task, batches of training
-        windows (:class:`~bsi.data.TextBatchStream`).
+        windows (:class:`~bsi.data.TextBatchStream`). The streams of one run
+        share their examples' tokens (:class:`~bsi.data.EncodedExamples`): an
+        example is tokenized once, when a batch first serves it.
         """
         seed = self.config.seed + int(use) + PROCESS_SEED_STRIDE * self.dist.rank
         if self.train_windows is not None:
             return TextBatchStream(self.train_windows, batch_size=self.config.batch_size, seed=seed)
         assert self.task is not None
-        return BatchStream(self.task.train, self.tokenizer, batch_size=self.config.batch_size,
+        tokens = self._train_tokens
+        if tokens is None or tokens.examples is not self.task.train or tokens.tokenizer is not self.tokenizer:
+            tokens = self._train_tokens = EncodedExamples(self.task.train, self.tokenizer, self.config.max_length)
+        return BatchStream(tokens, self.tokenizer, batch_size=self.config.batch_size,
                            max_length=self.config.max_length, seed=seed)
 
     @property
