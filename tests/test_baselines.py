@@ -166,6 +166,17 @@ def test_each_method_hits_its_target_size_within_one_percent(name, isolated_cach
     assert summary["params_after"] < summary["params_before"]
 
 
+def test_a_runs_streams_share_one_tokenization_of_the_examples_they_serve(isolated_cache):
+    from bsi.data import BatchUse
+
+    pipeline, _ = run_method("bsi", 0.6)
+    tokens = pipeline.stream(BatchUse.COMPRESS).tokens
+    assert all(pipeline.stream(use).tokens is tokens for use in BatchUse)
+    compress = pipeline.config.compress
+    served = (compress.rounds * compress.iters_per_epoch + compress.calibration_batches) * pipeline.config.batch_size
+    assert 0 < tokens.tokenized <= served < len(pipeline.task.train)  # the batches served, not the whole set
+
+
 def test_bsi_mag_keeps_bsi_budgets_and_removes_the_smallest_sigma_inside_each_layer(isolated_cache):
     """The named variant: round 1 splits the cut across layers exactly as bsi does (same state, same scores);
     inside every layer it removes the pool's smallest |sigma|, and its config records the choice."""

@@ -13,12 +13,14 @@ from bsi.data import (
     IGNORE_INDEX,
     MAX_LINE_BYTES,
     BatchStream,
+    EncodedExamples,
     Example,
     answers_match,
     build_prompt,
     collate,
     encode_example,
     end_of_turn_text,
+    epoch_permutation,
     extract_answer,
     generate_math_problems,
     load_task,
@@ -278,6 +280,30 @@ def test_batch_stream_with_fewer_examples_than_a_batch(tokenizer, problems):
     stream = BatchStream(problems[:3], tokenizer, batch_size=8)
     assert stream.steps_per_epoch == 1
     assert next(stream)["input_ids"].shape[0] == 3
+
+
+def test_batch_stream_tokenizes_only_what_it_serves_and_streams_share_the_tokens(tokenizer, problems):
+    """Lazy tokens change nothing: the batches are those of every example tokenized up front, by encode_example."""
+    examples = problems[:40]
+    shared = EncodedExamples(examples, tokenizer, max_length=128)
+    stream = BatchStream(shared, tokenizer, batch_size=4, max_length=128, seed=5)
+    batches = _take(stream, 3)
+    assert shared.tokenized == 12  # three batches of four, nothing else
+    up_front = [encode_example(tokenizer, e, max_length=128) for e in examples]
+    order = epoch_permutation(len(examples), seed=5, epoch=0)
+    for b, batch in enumerate(batches):
+        expected = collate([up_front[i] for i in order[4 * b : 4 * b + 4]], tokenizer.pad_token_id)
+        assert all(torch.equal(batch[k], expected[k]) for k in expected)
+    assert _same(_take(BatchStream(examples, tokenizer, batch_size=4, max_length=128, seed=5), 3), batches)
+    again = BatchStream(shared, tokenizer, batch_size=4, max_length=128, seed=5)  # another use of the same tokens
+    assert _same(_take(again, 3), batches) and shared.tokenized == 12
+    assert shared[-1] == up_front[-1] and shared[1:3] == up_front[1:3] and len(shared) == 40
+    with pytest.raises(IndexError):
+        shared[40]
+    with pytest.raises(BSIError, match="another tokenizer or max_length"):
+        BatchStream(shared, tokenizer, batch_size=4, max_length=64)
+    with pytest.raises(BSIError, match="max_length must be at least 2"):
+        BatchStream(examples, tokenizer, max_length=1)  # refused when built, before any batch
 
 
 def test_batch_stream_rejects_no_examples(tokenizer):

@@ -294,6 +294,11 @@ class BatchStream:
         """Batches per epoch (at least 1, a short batch when there are few examples)."""
         return max(1, len(self._encoded) // self.batch_size)
 
+    @property
+    def tokens(self) -> EncodedExamples:
+        """The examples' tokens this stream serves from (shared with the streams built over the same object)."""
+        return self._encoded
+
     def _epoch_order(self, epoch: int) -> list[int]:
         """Permutation of the examples for one epoch, from ``(seed, epoch)`` only."""
         return epoch_permutation(len(self._encoded), self.seed, epoch)
