@@ -85,8 +85,21 @@ class Session:
     whatif: Any = None
     eps_studies: dict = field(default_factory=dict)
 
+    def holds_models(self) -> bool:
+        """Whether this session still holds a model or a model's snapshots (what a garbage collection would free)."""
+        return any(x is not None for x in (self.compressed, self.original, self.spectrum_model, self.snapshots,
+                                           self.whatif)) or bool(self.chats or self.eps_studies)
+
     def reset_run(self) -> None:
-        """Forget the previous run (reports and its models) before a new one starts."""
+        """Forget the previous run (reports and its models) before a new one starts.
+
+        Its models are freed at once (a garbage collection, for the reference
+        cycles a model's hooks make) only when the session held some: a full
+        collection walks every object of the process, about 0.3 s in the
+        dashboard's server and more beside a test suite's, a wait for nothing
+        on a session's first run.
+        """
+        held = self.holds_models()
         self.steps, self.rounds, self.evals, self.log = [], [], [], []
         self.summary = None
         self.params_before = self.compressible_before = None
@@ -95,7 +108,8 @@ class Session:
         self.whatif, self.eps_studies = None, {}
         self.chats = {}
         self.cancel_requested = False
-        gc.collect()
+        if held:
+            gc.collect()
 
     def close(self) -> None:
         """The visitor left: stop its job at the next report and free its models.
@@ -106,10 +120,12 @@ class Session:
         self.closed = True
         if self.running:
             self.cancel_requested = True
+        held = self.holds_models()
         self.compressed = self.original = self.spectrum_model = None
         self.whatif, self.eps_studies = None, {}
         self.chats = {}
-        gc.collect()
+        if held:  # a visitor who ran nothing leaves nothing to collect (see reset_run)
+            gc.collect()
 
     def add_log(self, line: str) -> None:
         self.log.append(f"[{time.strftime('%H:%M:%S')}] {line}")
