@@ -19,6 +19,7 @@ from bsi.data import (
     WIKITEXT_2,
     TextBatchStream,
     cut_windows,
+    join_documents,
     load_text_task,
     looks_like_text,
     read_text_corpus,
@@ -105,6 +106,27 @@ def test_the_wheel_ships_wikitext_2_and_its_licence(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ your own text
+
+
+def test_tokenizing_the_same_text_again_reads_a_copy_of_the_first_streams(tokenizer):
+    """The stream memo: equal streams for the same tokenizer and text, each a copy, and none across tokenizers."""
+    from bsi.data.text import _encode, _StreamMemo
+
+    memo, documents = _StreamMemo(size=2), ["one text", "and another"]
+    first = memo.tokens(tokenizer, documents, [tokenizer.eos_token_id])
+    assert torch.equal(first, join_documents(_encode(tokenizer, documents), [tokenizer.eos_token_id]))
+    first.zero_()  # the caller owns its copy: the memo's stream is untouched
+    again = memo.tokens(tokenizer, documents, [tokenizer.eos_token_id])
+    assert int(again.count_nonzero()) > 0 and again.data_ptr() != first.data_ptr()
+    assert memo.key(tokenizer, documents, [1]) != memo.key(tokenizer, documents, [2])  # the separator is in the key
+    assert memo.key(tokenizer, documents, [1]) != memo.key(tokenizer, ["one text", "and another!"], [1])
+    other = build_tiny_tokenizer()
+    other.add_tokens(["and another"])  # another tokenizer state: tokenized anew, not read from the memo
+    assert memo.key(other, documents, [1]) != memo.key(tokenizer, documents, [1])
+    assert memo.tokens(other, documents, []).shape[0] < again.shape[0]
+    for n in range(3):  # bounded: the oldest stream goes first
+        memo.tokens(tokenizer, [f"text {n}"], [])
+    assert len(memo._streams) == 2
 
 
 def test_a_text_file_holds_out_its_tail(tmp_path, tokenizer):

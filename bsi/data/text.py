@@ -72,10 +72,13 @@ checks the window against the model's context before it tokenizes.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import itertools
 import math
 import random
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -442,6 +445,56 @@ def context_token(tokenizer: PreTrainedTokenizerBase) -> int | None:
     return int(bos) if bos is not None and len(ids) > 0 and ids[0] == bos else None
 
 
+class _StreamMemo:
+    """The last few token streams :func:`tokenize_corpus` made, by tokenizer and text (a bounded memo, thread-safe).
+
+    Tokenizing WikiText-2's parts takes seconds on one core, and every run of
+    a text task tokenizes them again (each cell of a sweep, a dashboard run
+    after another, a test after another). A stream is the same for the same
+    tokenizer state (its full serialisation) and the same documents, so a run
+    in the same process after the first reads a copy of the first's tensor.
+    Slow (pure Python) tokenizers have no serialisation to compare and are
+    never memoised.
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self._streams: OrderedDict[tuple[str, str, tuple[int, ...]], torch.Tensor] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(tokenizer: PreTrainedTokenizerBase, documents: Sequence[str],
+            separator: Sequence[int]) -> tuple[str, str, tuple[int, ...]] | None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        text = hashlib.sha256()
+        for document in documents:
+            text.update(hashlib.sha256(document.encode("utf-8", "surrogatepass")).digest())
+        return hashlib.sha256(backend.to_str().encode()).hexdigest(), text.hexdigest(), tuple(separator)
+
+    def tokens(self, tokenizer: PreTrainedTokenizerBase, documents: Sequence[str],
+               separator: Sequence[int]) -> torch.Tensor:
+        """:func:`join_documents` of the documents' tokens: ``(N,)`` int64, a copy the caller owns."""
+        key = self.key(tokenizer, documents, separator)
+        if key is not None:
+            with self._lock:
+                found = self._streams.get(key)
+                if found is not None:
+                    self._streams.move_to_end(key)
+                    return found.clone()
+        stream = join_documents(_encode(tokenizer, documents), separator)  # (N,)
+        if key is not None:
+            with self._lock:
+                self._streams[key] = stream.clone()
+                while len(self._streams) > self.size:
+                    self._streams.popitem(last=False)
+        return stream
+
+
+_MEMO = _StreamMemo()
+
+
 def _encode(tokenizer: PreTrainedTokenizerBase, documents: Sequence[str]) -> list[list[int]]:
     """Token ids of each document, without special tokens (and without the long-sequence warning)."""
     ids: list[list[int]] = tokenizer(list(documents), add_special_tokens=False, return_attention_mask=False,
@@ -519,6 +572,9 @@ def tokenize_corpus(
 ) -> TextTask:
     """Tokenize a corpus once and split it into its training and held-out streams (the module's steps 1-4).
 
+    The same documents through the same (fast) tokenizer again in the same
+    process read a copy of the streams made the first time (:class:`_StreamMemo`).
+
     Args:
         window: tokens per training window, at least 2 and at most
             ``max_context``.
@@ -543,14 +599,14 @@ def tokenize_corpus(
         separator_words = "none (one document per part)"
 
     if corpus.held_out_documents is not None:
-        train = join_documents(_encode(tokenizer, corpus.train_documents), separator_ids)
-        held_out = join_documents(_encode(tokenizer, corpus.held_out_documents), separator_ids)
+        train = _MEMO.tokens(tokenizer, corpus.train_documents, separator_ids)
+        held_out = _MEMO.tokens(tokenizer, corpus.held_out_documents, separator_ids)
         train_part, held_out_part = corpus.train_part, corpus.held_out_part
         _check_part_length(corpus.name, f"training part ({train_part})", train, window)
     else:
         documents = list(corpus.train_documents)
         random.Random(seed).shuffle(documents)
-        stream = join_documents(_encode(tokenizer, documents), separator_ids)
+        stream = _MEMO.tokens(tokenizer, documents, separator_ids)
         if stream.shape[0] < window:
             raise BSIError(f"{corpus.name} holds {stream.shape[0]:,} tokens, fewer than one window of {window}: "
                            "lower --window, or give more text")
