@@ -203,8 +203,8 @@ class EncodedExamples(Sequence[dict[str, list[int]]]):
     Tokenizing is not free: through a chat template it took about 0.6 ms an
     example on one core, and a run builds a stream for each use (fine-tune,
     rounds, recovery, calibration) over the whole training set while serving
-    only a few hundred of its examples. Shared by those streams (the
-    :class:`~bsi.pipeline.runner.Run` holds one), each example is tokenized at
+    only a few hundred of its examples. Shared by those streams (a
+    :class:`~bsi.pipeline.runner.Pipeline` holds one), each example is tokenized at
     most once per run, and only if some batch serves it. The ids are exactly
     :func:`encode_example`'s, so the batches are the same as if every example
     had been tokenized up front.
