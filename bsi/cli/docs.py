@@ -656,13 +656,31 @@ def equal_training(same: str, equal: str, method: str) -> str:
                     f"{_points_and_loss(same_cell['vs_anchor'])}{by_seed(same_cell)} | "
                     f"{training(equal_rows, method, size)}: {shown(equal_cell)} | "
                     f"{_points_and_loss(equal_cell['vs_anchor'])}{by_seed(equal_cell)} |")
+    def anchor_losses(rows: list, seed: int) -> dict[str, float]:
+        return {f"{r.target:g}": r.metrics.loss for r in rows
+                if r.method == anchor and r.protocol == "tuned" and r.seed == seed and r.recovered}
+
+    def same_models(seed: int) -> bool:  # the anchor's losses of one seed agree to the 4 digits shown, at shared sizes
+        mine, theirs = anchor_losses(equal_rows, seed), anchor_losses(same_rows, seed)
+        return all(abs(mine[size] - theirs[size]) <= 1e-4 * abs(theirs[size]) for size in set(mine) & set(theirs))
+
+    alike = [s for s in sorted(seeds) if same_models(s)]
+    unlike = [s for s in sorted(seeds) if s not in alike]
+    loss_at = (f"{interval_text(same_cells[anchor][sizes[0]]['loss'], 1, 4)} and "
+               f"{interval_text(equal_cells[anchor][sizes[0]]['loss'], 1, 4)} at {sizes[0]}, pooled")
+    if not unlike:
+        models = f"`{anchor}`'s models are the same in both sweeps, to the digits shown ({loss_at})."
+    else:
+        models = (f"`{anchor}`'s models are the same in both sweeps on seed{'s' if len(alike) != 1 else ''} "
+                  f"{', '.join(map(str, alike)) or 'none'}, and differ on seed{'s' if len(unlike) > 1 else ''} "
+                  f"{', '.join(map(str, unlike))}, made again: the whole path drifted from the fine-tune on "
+                  f"({loss_at}; the folders' command.txt say where each seed ran). Each difference is between the "
+                  f"models of one sweep (the `{anchor}` column: `{equal}`'s).")
     rows += ["", f"Seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))} (pooled intervals resample "
-                 "the test problems of both seeds; \"per seed\": each seed's own difference, in seed order); steps: "
+                 "the test problems of every seed; \"per seed\": each seed's own difference, in seed order); steps: "
                  "the method's own "
                  f"tuning up to the size + its recovery, after the task fine-tune (the same-recovery rows were made "
-                 f"before path steps were recorded: `{method}`'s path trains nothing). `{anchor}`'s models are the "
-                 f"same in both sweeps ({interval_text(same_cells[anchor][sizes[0]]['loss'], 1, 4)} and "
-                 f"{interval_text(equal_cells[anchor][sizes[0]]['loss'], 1, 4)} at {sizes[0]})."]
+                 f"before path steps were recorded: `{method}`'s path trains nothing). {models}"]
     return "\n".join(rows)
 
 
