@@ -495,12 +495,19 @@ def _sweep_cells(name: str) -> tuple[str, list[int], dict[str, dict[str, dict]],
     return sweep["config"]["model"], stats["dense"]["seeds"], cells, stats["anchor"]
 
 
-def _points_and_loss(stat: dict) -> str:
-    """A paired difference of accuracy (points) and loss as ``+p [lo, hi] / +l [lo, hi]``, bold where it excludes 0."""
+def _points_and_loss(stat: dict, runs: bool = False) -> str:
+    """A paired difference of accuracy (points) and loss as ``+p [lo, hi] / +l [lo, hi]``, bold where it excludes 0.
+
+    With ``runs``, a † follows each part whose 95% t-interval over the seeds'
+    own differences (``over_seeds``, two seeds or more) excludes 0 as well.
+    """
     from bsi.analysis.study import interval_text
 
-    return (f"{interval_text(stat['accuracy'], 100, 1, signed=True)} / "
-            f"{interval_text(stat['loss'], 1, 3, signed=True)}")
+    def dagger(part: str) -> str:
+        return "†" if runs and stat.get("over_seeds", {}).get(part, {}).get("excludes_zero") else ""
+
+    return (f"{interval_text(stat['accuracy'], 100, 1, signed=True)}{dagger('accuracy')} / "
+            f"{interval_text(stat['loss'], 1, 3, signed=True)}{dagger('loss')}")
 
 
 def sweep_seeds(name: str, *compared: str) -> str:
@@ -556,7 +563,8 @@ def sweeps_side_by_side(*names: str) -> str:
     A first table: each method at each size (the share of the linear layers
     kept) with, per model, its pooled accuracy and answer-token loss and the
     anchor method (``bsi``) minus it, paired 95% bootstrap intervals pooled
-    over that sweep's seeds (bold: the interval excludes 0). A second: the
+    over that sweep's seeds (bold: the interval excludes 0), and † where the
+    t-interval over that sweep's own seeds excludes 0 too. A second: the
     methods in order of loss at each size on each model, and whether the
     orders agree, so a change of ranking between the models is stated, not
     left for the reader to find.
@@ -586,8 +594,11 @@ def sweeps_side_by_side(*names: str) -> str:
                     row += " | |"
                     continue
                 row += (f" {100 * cell['accuracy']['estimate']:.1f} / {cell['loss']['estimate']:.3f} | "
-                        f"{_points_and_loss(cell['vs_anchor']) if 'vs_anchor' in cell else '(the anchor)'} |")
+                        f"{_points_and_loss(cell['vs_anchor'], runs=True) if 'vs_anchor' in cell else '(the anchor)'} |")
             rows.append(row)
+    if any(len(seeds) > 1 for _, seeds, _, _ in sweeps):
+        rows += ["", "†: with two seeds or more, the 95% t-interval over the seeds' own differences excludes 0 as "
+                     "well, so the difference holds across training runs, not only across the test problems drawn."]
     rows += ["", "| linear layers kept | " + " | ".join(f"`{model}`: lowest loss first" for model, _, _, _ in sweeps)
              + " | the same order? |", "|---|" + "---|" * (len(sweeps) + 1)]
     for size in sizes:

@@ -266,7 +266,8 @@ if q_theirs and "vs_anchor" in q_theirs:
                     "every method answers almost nothing right (the figure).")
 second = shipped_sweep("gemma3-270m-study-quick")  # the same sweep on a second model family, when it ships
 if second is not None:
-    other_block = json.loads((second / "stats.json").read_text())["protocols"]["tuned"]["methods"]
+    other_stats = json.loads((second / "stats.json").read_text())
+    other_block, other_seeds = other_stats["protocols"]["tuned"]["methods"], other_stats["dense"]["seeds"]
     both = [t for t in quick_stats["protocols"]["tuned"]["targets"]
             if methods_by_loss(quick_block, f"{t:g}") and methods_by_loss(other_block, f"{t:g}")]
     agree = [t for t in both if methods_by_loss(quick_block, f"{t:g}") == methods_by_loss(other_block, f"{t:g}")]
@@ -274,13 +275,18 @@ if second is not None:
     behind = [m for m in methods_by_loss(other_block, mild) if m != "bsi"
               and other_block[m][mild]["vs_anchor"]["loss"]["excludes_zero"]
               and other_block[m][mild]["vs_anchor"]["loss"]["estimate"] > 0]
+    across = [m for m in behind if "over_seeds" in other_block[m][mild]["vs_anchor"]
+              and not other_block[m][mild]["vs_anchor"]["over_seeds"]["loss"]["excludes_zero"]]
+    seeds_said = "one seed" if len(other_seeds) == 1 else f"seeds {', '.join(map(str, other_seeds))} pooled"
     said.append(
-        f"* **One model is not the method.** The same sweep on Gemma 3 270M (a base model, one seed) orders the "
+        f"* **One model is not the method.** The same sweep on Gemma 3 270M (a base model, {seeds_said}) orders the "
         f"methods by loss at {float(mild):.0%} of the linear layers as "
         f"{' < '.join(f'`{m}`' for m in methods_by_loss(other_block, mild))}, where this model gives "
         f"{' < '.join(f'`{m}`' for m in methods_by_loss(quick_block, mild))}"
         + (f"; there {' and '.join(f'`{m}`' for m in behind)} end{'s' if len(behind) == 1 else ''} with a lower "
-           "loss than `bsi`, intervals excluding 0" if behind else "")
+           "loss than `bsi`, bootstrap intervals excluding 0" if behind else "")
+        + ("" if not across else " but the t-interval over the seeds' own differences holding 0 for "
+           + " and ".join(f"`{m}`" for m in across) + " (one seed can carry a pooled difference)")
         + f". Of the {len(both)} sizes both ran, the orders agree at {len(agree)}"
         + (f" ({', '.join(f'{t:.0%}' for t in agree)})" if agree else "")
         + ". A ranking on one model is a finding about that model until another agrees "
