@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bsi.analysis.stats import value_interval
-from bsi.analysis.study import ANCHOR, RUNS_NOTE, OutcomeLoader, _cell, _difference, _method_table, is_text_study
+from bsi.analysis.study import ANCHOR, RUNS_NOTE, OutcomeLoader, _cell, _method_table, difference_text, is_text_study
 from bsi.results import DENSE_TRAINED, REFERENCE, StudyRow
 
 
@@ -98,7 +98,7 @@ def budget_markdown(stats: Mapping[str, Any], note: str = "") -> str:
                 entry = (table.get(method) or {}).get(key)
                 steps = f" ({entry['path_steps']:g} + {entry['recover_steps']})" if entry and "path_steps" in entry else ""
                 cells.append(_cell(entry, text) + steps)
-            diffs = [_difference(((table.get(m) or {}).get(key) or {}).get("vs_anchor"), text) for m in others]
+            diffs = [difference_text(((table.get(m) or {}).get(key) or {}).get("vs_anchor"), text) for m in others]
             lines.append(f"| {budget} | {trained} | " + " | ".join(cells) + " | " + " | ".join(diffs) + " |")
         lines.append("")
     return "\n".join(lines) + "\n"

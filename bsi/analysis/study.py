@@ -227,8 +227,13 @@ def _cell(entry: Mapping[str, Any] | None, text: bool) -> str:
     return f"{first} / {interval_text(entry['loss'], 1, _loss_digits(entry['loss']['estimate']))}"
 
 
-def _difference(diff: Mapping[str, Any] | None, text: bool) -> str:
-    """A difference from the anchor in a cell: accuracy points / loss, or on a text task loss / perplexity ratio."""
+def difference_text(diff: Mapping[str, Any] | None, text: bool = False) -> str:
+    """A difference from the anchor in a cell: accuracy points / loss, or on a text task loss / perplexity ratio.
+
+    Each interval is bold where it excludes 0, and a † follows it where the
+    t-interval over the seeds' own differences (``over_seeds``, two seeds or
+    more) excludes 0 as well.
+    """
     if diff is None:
         return ""
 
@@ -292,7 +297,7 @@ def _tables(lines: list[str], table: Mapping[str, Any], targets: Sequence[float]
     for method, cells in table.items():
         if method != anchor:
             lines.append(f"| `{method}` | " + " | ".join(
-                _difference((cells.get(f"{t:g}") or {}).get("vs_anchor"), text) for t in targets) + " |")
+                difference_text((cells.get(f"{t:g}") or {}).get("vs_anchor"), text) for t in targets) + " |")
     lines.append("")
 
 

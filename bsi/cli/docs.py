@@ -495,19 +495,12 @@ def _sweep_cells(name: str) -> tuple[str, list[int], dict[str, dict[str, dict]],
     return sweep["config"]["model"], stats["dense"]["seeds"], cells, stats["anchor"]
 
 
-def _points_and_loss(stat: dict, runs: bool = False) -> str:
-    """A paired difference of accuracy (points) and loss as ``+p [lo, hi] / +l [lo, hi]``, bold where it excludes 0.
-
-    With ``runs``, a † follows each part whose 95% t-interval over the seeds'
-    own differences (``over_seeds``, two seeds or more) excludes 0 as well.
-    """
+def _points_and_loss(stat: dict) -> str:
+    """A paired difference of accuracy (points) and loss as ``+p [lo, hi] / +l [lo, hi]``, bold where it excludes 0."""
     from bsi.analysis.study import interval_text
 
-    def dagger(part: str) -> str:
-        return "†" if runs and stat.get("over_seeds", {}).get(part, {}).get("excludes_zero") else ""
-
-    return (f"{interval_text(stat['accuracy'], 100, 1, signed=True)}{dagger('accuracy')} / "
-            f"{interval_text(stat['loss'], 1, 3, signed=True)}{dagger('loss')}")
+    return (f"{interval_text(stat['accuracy'], 100, 1, signed=True)} / "
+            f"{interval_text(stat['loss'], 1, 3, signed=True)}")
 
 
 def sweep_seeds(name: str, *compared: str) -> str:
@@ -569,7 +562,7 @@ def sweeps_side_by_side(*names: str) -> str:
     orders agree, so a change of ranking between the models is stated, not
     left for the reader to find.
     """
-    from bsi.analysis.study import methods_by_loss
+    from bsi.analysis.study import difference_text, methods_by_loss
 
     sweeps = [_sweep_cells(name) for name in names]
     anchor = sweeps[0][3]
@@ -594,7 +587,7 @@ def sweeps_side_by_side(*names: str) -> str:
                     row += " | |"
                     continue
                 row += (f" {100 * cell['accuracy']['estimate']:.1f} / {cell['loss']['estimate']:.3f} | "
-                        f"{_points_and_loss(cell['vs_anchor'], runs=True) if 'vs_anchor' in cell else '(the anchor)'} |")
+                        f"{difference_text(cell['vs_anchor']) if 'vs_anchor' in cell else '(the anchor)'} |")
             rows.append(row)
     if any(len(seeds) > 1 for _, seeds, _, _ in sweeps):
         rows += ["", "†: with two seeds or more, the 95% t-interval over the seeds' own differences excludes 0 as "
