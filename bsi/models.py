@@ -32,12 +32,15 @@ device, and its tokenizer always has a padding token.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib.metadata
 import importlib.util
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -344,6 +347,41 @@ def ensure_gemma_model(cache_dir: str | Path | None = None) -> Path:
         shutil.rmtree(joined, ignore_errors=True)
 
 
+#: one conversion at a time in a process: :func:`_gguf_parsed_once` swaps a module attribute while it runs
+_GGUF_PARSE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """Inside, every ``gguf.GGUFReader(path)`` of the same file returns the same reader.
+
+    Transformers reads a GGUF file three times to convert it: once for the
+    configuration, once for the weights and once for the tokenizer. Each
+    reading parses every metadata field, the whole vocabulary and merge list
+    among them (about 6 s for SmolLM2's 49,152 tokens on 2 cores), though the
+    file does not change in between. The reader maps the file read-only and
+    nothing writes to it, so one parse can serve all three; the tensors are
+    still de-quantized once, by the weights' reading.
+    """
+    import gguf
+
+    with _GGUF_PARSE_LOCK:
+        parse = gguf.GGUFReader
+        readers: dict[tuple[object, ...], object] = {}
+
+        def parsed_once(path: str | os.PathLike[str], *args: object, **kwargs: object) -> object:
+            key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
+            if key not in readers:
+                readers[key] = parse(path, *args, **kwargs)
+            return readers[key]
+
+        gguf.GGUFReader = parsed_once
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = parse
+
+
 def convert_gguf(gguf: Path, final: Path) -> Path:
     """De-quantize a GGUF file to float32 and save it as an ordinary Hugging Face folder at ``final``.
 
@@ -355,8 +393,9 @@ def convert_gguf(gguf: Path, final: Path) -> Path:
     leaves a half-written cache behind and concurrent runs are safe.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with _gguf_parsed_once():
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     _forget_gguf(model)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:

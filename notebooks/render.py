@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import copy
 import datetime
 import hashlib
@@ -58,6 +59,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -483,9 +485,11 @@ def markdown_page(nb: nbformat.NotebookNode, stem: str, stamp: str) -> tuple[str
                 paths = [Path(tmp) / f"{n}.png" for n in range(len(figures))]
                 drawn = [pio.from_json(json.dumps(o.data[PLOTLY]), skip_invalid=True) for o in figures]
                 # kaleido draws at its default 700 x 500 unless told: each figure at the size its layout asks for
-                pio.write_images(drawn, paths, format="png", scale=1.5,
-                                 width=[f.layout.width or PNG_SIZE[0] for f in drawn],
-                                 height=[f.layout.height or PNG_SIZE[1] for f in drawn])
+                with warnings.catch_warnings():  # plotly hands kaleido its (empty) options even when a browser is open
+                    warnings.filterwarnings("ignore", message="The kopts argument is ignored", category=UserWarning)
+                    pio.write_images(drawn, paths, format="png", scale=1.5,
+                                     width=[f.layout.width or PNG_SIZE[0] for f in drawn],
+                                     height=[f.layout.height or PNG_SIZE[1] for f in drawn])
                 pngs = [p.read_bytes() for p in paths]
         except Exception as error:  # kaleido's errors (no browser, a crash) come in several types
             raise BSIError(f"could not draw the figures as PNG ({error}); kaleido needs Chromium: run `make chromium`"
@@ -530,6 +534,23 @@ def plotly_js(out: Path) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def one_browser():
+    """Kaleido's Chromium opened once for every figure drawn inside, and closed after.
+
+    Without it each :func:`markdown_page` call starts a browser of its own
+    (about 4.5 s on 2 cores, against under 1 s to draw a notebook's figures
+    in one already open).
+    """
+    import kaleido
+
+    kaleido.start_sync_server(silence_warnings=True)
+    try:
+        yield
+    finally:
+        kaleido.stop_sync_server(silence_warnings=True)
+
+
 # --------------------------------------------------------------------- main
 def render(stems: Iterable[str], model: str, out: Path, log=print) -> dict[str, Any]:
     """Run, time and write the copies of ``stems`` into ``out``; returns the updated times file.
@@ -544,7 +565,7 @@ def render(stems: Iterable[str], model: str, out: Path, log=print) -> dict[str, 
         times = {}  # another model's times: start again rather than mix two models in one file
     plotly_js(out)
     costs: dict[frozenset[str], tuple[float, str]] = {}  # what each fine-tune cost, once measured
-    with tempfile.TemporaryDirectory(prefix="bsi-walkthroughs-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="bsi-walkthroughs-") as scratch, one_browser():
         for stem in stems:
             notebook = nbformat.read(HERE / f"{stem}.ipynb", as_version=4)
             executed, entry = measure(stem, notebook, model, Path(scratch), costs, log)

@@ -10,11 +10,7 @@ import dataclasses
 import io
 import json
 import math
-import os
 import socket
-import subprocess
-import sys
-import time
 from dataclasses import astuple
 from pathlib import Path
 
@@ -604,29 +600,12 @@ def test_a_stop_while_the_address_prints_closes_the_app_without_a_traceback(tmp_
         s.bind(("127.0.0.1", port))
 
 
-def test_app_py_names_its_own_share_switch(tmp_path):
+def test_app_py_names_its_own_share_switch():
+    """The lines app.py prints once it listens: the address, then the switch for a public link or the link itself.
+
+    ``app.py`` as a process (these lines on its output, exit code 0 on SIGTERM,
+    its temporary folder removed) is run once, by the browser test that opens
+    its first page (``tests/test_app_browser.py``).
+    """
     assert "--share" in startup_lines("http://127.0.0.1:7860")[1]
     assert "https://x.gradio.live" in startup_lines("http://127.0.0.1:7860", "https://x.gradio.live")[1]
-    scratch = tmp_path / "tmp"  # the app's temporary folder (TMPDIR), to see what it leaves behind
-    scratch.mkdir()
-    env = {**os.environ, "BSI_CACHE": str(tmp_path), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "TMPDIR": str(scratch)}
-    app = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--preset", "smoke", "--port", str(_free_port())],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
-    try:
-        lines = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any("--share" in line for line in lines):
-            line = app.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-        assert list(scratch.glob("bsi-inspect-*/csv-*/*.csv"))  # the opening Inspect view of the shipped run
-    finally:
-        app.terminate()  # SIGTERM, as a service manager stops it
-        code = app.wait(timeout=30)
-    text = "".join(lines)
-    assert "live compression studio on http://127.0.0.1:" in text and "--share" in text, text
-    assert "share=True" not in text
-    assert code == 0, text + app.stdout.read()
-    assert not list(scratch.glob("bsi-inspect-*")), "the Inspect tab's CSV folder outlived the app"

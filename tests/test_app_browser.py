@@ -1,7 +1,9 @@
 """The dashboard in a real headless browser (Debian's chromium, driven by playwright).
 
 * :func:`test_first_visit_shows_the_shipped_run_and_study`: ``python app.py``
-  started as a user starts it; before any click the Compress plots, Inspect,
+  started as a user starts it (from another folder, with a temporary folder
+  of its own: the address and ``--share`` lines it prints, exit code 0 on
+  SIGTERM and nothing left behind are checked too); before any click the Compress plots, Inspect,
   Spectra, Answers and Compare show the run and study shipped in ``data/``;
   the time from the server's start to the first real figure on the page is
   printed (a figure for the notes, not a timed assertion); then the form's
@@ -240,7 +242,9 @@ def test_browser_start_inspect_chat(app):
             page.get_by_role("tab", name="Spectra").click()
             page.get_by_role("button", name="List layers").click()
             spectra_status = page.locator("#spectra-status")
-            expect(spectra_status).to_contain_text("layers", timeout=WAIT_MS)
+            # the opening text (the shipped spectra) names its layers too: wait for the list's own reply and its choice
+            expect(spectra_status).to_have_text(re.compile(r"^\s*\d+ layers\s*$"), timeout=WAIT_MS)
+            expect(page.locator("#spectra-layer input")).to_have_value(re.compile(r"\S"))  # a layer chosen
             page.get_by_role("button", name="Compute spectrum").click()
             expect(spectra_status).to_contain_text("top-16 sigmas", timeout=60_000)
             expect(page.locator("#spectra-answer")).to_contain_text("n = 16")  # the calculator took the spectrum
@@ -259,18 +263,25 @@ def test_first_visit_shows_the_shipped_run_and_study(tmp_path):
 
     ARTIFACTS.mkdir(exist_ok=True)
     port = free_port()
+    scratch = tmp_path / "tmp"  # the app's temporary folder (TMPDIR), to see what it leaves behind
+    scratch.mkdir()
     env = {**os.environ, "BSI_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "GRADIO_ANALYTICS_ENABLED": "False"}
+           "GRADIO_ANALYTICS_ENABLED": "False", "TMPDIR": str(scratch)}
     started = time.monotonic()  # the server's start: the process, its imports, the shipped data, the page
-    server = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=ROOT, env=env,
+    # started from another folder than the checkout: the shipped data is found from the package, not the cwd
+    server = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port)], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
     try:
         url = None
         while url is None:
             line = server.stdout.readline()
             assert line, "app.py ended before it printed its address"
+            lines.append(line)
             found = re.search(r"(http://127\.0\.0\.1:\d+)", line)
             url = found.group(1) if found else None
+        lines.append(server.stdout.readline())  # printed with the address: how to share it, or the public link
+        assert list(scratch.glob("bsi-inspect-*/csv-*/*.csv"))  # the opening Inspect view of the shipped run
         with sync_playwright() as p:
             browser = launch(p)
             try:
@@ -377,8 +388,13 @@ def test_first_visit_shows_the_shipped_run_and_study(tmp_path):
             finally:
                 browser.close()
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.terminate()  # SIGTERM, as a service manager stops it
+        code = server.wait(timeout=30)
+    text = "".join(lines)  # the address, and the switch for a public link (bsi.app.layout.startup_lines)
+    assert "live compression studio on http://127.0.0.1:" in text and "--share" in text, text
+    assert "share=True" not in text
+    assert code == 0, text + server.stdout.read()  # a stop is a clean exit, no traceback
+    assert not list(scratch.glob("bsi-inspect-*")), "the Inspect tab's CSV folder outlived the app"
     for name in ("first-visit.png", "form-eps-keepratio.png", "first-inspect.png", "first-whatif.png", "first-spectra.png",
                  "first-compare.png", "answers-run.png", "answers-sweep.png", "answers-beats.png", "help.png"):
         assert (ARTIFACTS / name).stat().st_size > 10_000

@@ -209,3 +209,24 @@ def test_checkpointing_recomputes_the_same_gradients_without_deprecation_warning
     for a, b in zip(gradients(plain), gradients(checkpointed)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     models.enable_checkpointing(torch.nn.Linear(2, 2))  # a module without checkpointing is left as it is
+
+
+def test_a_gguf_file_is_parsed_once_during_a_conversion_and_the_reader_is_restored_after(tmp_path):
+    """transformers reads a GGUF file three times to convert it; inside ``_gguf_parsed_once`` they share one parse."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "small.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_uint32("test.value", 7)
+    writer.add_tensor("weight", np.arange(6, dtype=np.float32).reshape(2, 3))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    original = gguf.GGUFReader
+    with models._gguf_parsed_once():
+        first, again = gguf.GGUFReader(path), gguf.GGUFReader(str(path))
+        assert first is again and isinstance(first, original)
+        assert first.fields["test.value"].contents() == 7 and first.tensors[0].data.tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert gguf.GGUFReader is original and gguf.GGUFReader(path) is not first  # a fresh parse outside

@@ -169,7 +169,7 @@ def render(session_state, form_components, visitors=None, opening=None):
                 "quantities.")
     with gr.Row():
         list_button = gr.Button("List layers", size="sm")
-        layer = gr.Dropdown([], label="Layer", interactive=True)
+        layer = gr.Dropdown([], label="Layer", interactive=True, elem_id="spectra-layer")
         k = gr.Slider(2, 128, value=16, step=1, label="k (top sigmas)")
         examples = gr.Slider(1, 16, value=4, step=1, label="examples in the batch")
         compute_button = gr.Button("Compute spectrum", variant="primary")
