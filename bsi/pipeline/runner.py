@@ -831,7 +831,9 @@ class Pipeline:
                     bytes_before=result.params_before * torch.finfo(self.dtype).bits // 8)  # dense, same dtype
                 atomic_write_text(tmp / "rounds.jsonl", "".join(json.dumps(r) + "\n" for r in self.round_log))
                 if self.rounds:  # this process's rounds (a resumed run has those after its checkpoint)
-                    with gzip.open(tmp / ROUND_RECORDS, "wt", encoding="utf-8") as handle:
+                    # level 6 (zlib's default), not gzip's 9: a quarter of the time for 2% more bytes (10.8 MB of
+                    # records: 0.32 s and 1.89 MB against 1.36 s and 1.86 MB)
+                    with gzip.open(tmp / ROUND_RECORDS, "wt", compresslevel=6, encoding="utf-8") as handle:
                         handle.writelines(json.dumps(r.to_dict()) + "\n" for r in self.rounds)
                 atomic_write_text(tmp / "steps.jsonl", "".join(json.dumps(s) + "\n" for s in self.step_log))
                 atomic_write_text(tmp / "outcomes.jsonl", outcome_lines(self.evaluations, self.task))
