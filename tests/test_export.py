@@ -48,7 +48,7 @@ def test_save_load_gives_identical_logits(tmp_path, tied):
     assert any(isinstance(m, LowRankLinear) for m in loaded.modules())
     if tied:
         assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
-    out = loaded.generate(ids[:1, :4], max_new_tokens=3, do_sample=False)
+    out = loaded.generate(ids[:1, :4], max_new_tokens=3, min_new_tokens=3, do_sample=False)
     assert out.shape == (1, 7)
 
 
@@ -66,7 +66,7 @@ def test_plain_transformers_loads_the_same_model_or_refuses(tmp_path, tied):
     assert model_parameters(theirs) == model_parameters(ours)
     assert sum(type(m).__name__ == "LowRankLinear" for m in theirs.modules()) == \
         sum(isinstance(m, LowRankLinear) for m in ours.modules()) > 0
-    assert theirs.generate(ids[:1, :4], max_new_tokens=3, do_sample=False).shape == (1, 7)
+    assert theirs.generate(ids[:1, :4], max_new_tokens=3, min_new_tokens=3, do_sample=False).shape == (1, 7)
 
     for kwargs in ({}, {"trust_remote_code": False}):
         with pytest.raises(ValueError, match="trust_remote_code=True"):
