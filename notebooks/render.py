@@ -539,8 +539,8 @@ def one_browser():
     """Kaleido's Chromium opened once for every figure drawn inside, and closed after.
 
     Without it each :func:`markdown_page` call starts a browser of its own
-    (about 4.5 s on 2 cores, against under 1 s to draw a notebook's figures
-    in one already open).
+    (three figures: about 4 s on 2 cores, against under 1 s in one already
+    open; ``bench/suite_costs.py``).
     """
     import kaleido
 

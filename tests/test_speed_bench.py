@@ -1,4 +1,4 @@
-"""bench/stage_profile.py, bench/run_profile.py, bench/speed.py and bench/test_durations.py: every stage profiled,
+"""bench/stage_profile.py, bench/run_profile.py, bench/speed.py, bench/test_durations.py and bench/suite_costs.py: every stage profiled,
 every part of a recorded run counted inside its parent, the length-sorted batches hold the same examples, the
 evaluation section compares the decode loop with the gold draft, and pytest's durations are read back whole."""
 
@@ -149,3 +149,21 @@ def test_the_workers_take_the_files_longest_first_from_the_newest_record(tmp_pat
     record("test-durations-2026-11-28-two-workers.json", "2026-11-28", 2, {"tests/test_e.py": 3.0})  # no time
     (tmp_path / "test-durations-2026-11-29-broken.json").write_text("{not json")
     assert recorded_file_seconds(tmp_path) == {"test_c.py": 5.0, "test_d.py": 7.0}
+
+
+def test_suite_costs_gzip_levels_trade_seconds_for_bytes_on_a_shipped_runs_records(tmp_path):
+    """bench/suite_costs.py's gzip part: the records read whole, a higher level never larger; folders compared by digest."""
+    import gzip
+
+    costs = load("suite_costs")
+    result = costs.gzip_levels()
+    with gzip.open(costs.RECORDS, "rb") as handle:
+        assert result["raw_bytes"] == len(handle.read())
+    sizes = [result["levels"][level]["bytes"] for level in ("1", "6", "9")]
+    assert sizes[0] >= sizes[1] >= sizes[2] > 0 and all(s < result["raw_bytes"] for s in sizes)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "x.json").write_text("{}")
+    assert costs.folder_digests(tmp_path / "a") == costs.folder_digests(tmp_path / "b")
+    (tmp_path / "b" / "x.json").write_text("[]")
+    assert costs.folder_digests(tmp_path / "a") != costs.folder_digests(tmp_path / "b")

@@ -832,7 +832,7 @@ class Pipeline:
                 atomic_write_text(tmp / "rounds.jsonl", "".join(json.dumps(r) + "\n" for r in self.round_log))
                 if self.rounds:  # this process's rounds (a resumed run has those after its checkpoint)
                     # level 6 (zlib's default), not gzip's 9: a quarter of the time for 2% more bytes (10.8 MB of
-                    # records: 0.32 s and 1.89 MB against 1.36 s and 1.86 MB)
+                    # records: 0.38 s and 1.89 MB against 1.37 s and 1.86 MB; bench/suite_costs.py)
                     with gzip.open(tmp / ROUND_RECORDS, "wt", compresslevel=6, encoding="utf-8") as handle:
                         handle.writelines(json.dumps(r.to_dict()) + "\n" for r in self.rounds)
                 atomic_write_text(tmp / "steps.jsonl", "".join(json.dumps(s) + "\n" for s in self.step_log))

@@ -1,0 +1,129 @@
+"""Three costs the test suite pays, each against the way it was paid before, measured in one run.
+
+    python bench/suite_costs.py                      # -> data/speed/suite-costs-DATE.json
+    python bench/suite_costs.py --out runs/c.json --skip-conversion
+
+* **conversion**: the embedded model's GGUF file converted into an empty
+  cache by :func:`bsi.models.convert_gguf` (one parse of the file, shared by
+  transformers' three readings, :func:`bsi.models._gguf_parsed_once`) and by
+  the same three transformers calls without the shared parse; the SHA-256
+  of every file of the two folders, which must agree.
+* **kaleido**: the same three plotly figures drawn to PNG twice, each time
+  in a browser of its own (what ``notebooks/render.py`` did per notebook),
+  then twice in one browser left open (``render.one_browser``).
+* **gzip**: a shipped run's per-layer round records
+  (``data/runs/*/rounds-layers.jsonl.gz``) compressed at zlib levels 1, 6
+  and 9: seconds and bytes.
+
+Run it with nothing else running: the figures are seconds on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import hashlib
+import shutil
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
+from common import machine
+
+from bsi.files import atomic_write_json
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "data" / "runs" / "gemma3-270m-text" / "rounds-layers.jsonl.gz"
+
+
+def folder_digests(folder: Path) -> dict[str, str]:
+    """``{file name: SHA-256}`` of every file in ``folder``."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def conversion() -> dict[str, object]:
+    """Seconds to convert the embedded model with one shared parse and without; whether the folders agree."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bsi import models
+
+    gguf = models.embedded_gguf_path()
+    with tempfile.TemporaryDirectory() as scratch:
+        start = time.perf_counter()
+        shared = models.convert_gguf(gguf, Path(scratch) / "shared")
+        shared_s = time.perf_counter() - start
+        start = time.perf_counter()  # before: the same calls, each reading parsing the file again
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        models._forget_gguf(model)
+        separate = Path(scratch) / "separate"
+        model.save_pretrained(separate, safe_serialization=True)
+        tokenizer.save_pretrained(separate)
+        separate_s = time.perf_counter() - start
+        same = folder_digests(shared) == folder_digests(separate)
+    return {"parsed_once_s": round(shared_s, 2), "parsed_three_times_s": round(separate_s, 2),
+            "same_files": same}
+
+
+def kaleido_draws(rounds: int = 2) -> dict[str, object]:
+    """Seconds to draw three figures, each time in a new browser and each time in one left open."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    sys.path.insert(0, str(ROOT / "notebooks"))
+    from render import one_browser
+
+    figures = [go.Figure(go.Scatter(x=[1, 2, 3], y=[3, 1, n])) for n in range(3)]
+
+    def draw(folder: Path) -> float:
+        start = time.perf_counter()
+        pio.write_images(figures, [folder / f"{n}.png" for n in range(3)], format="png", width=[600] * 3,
+                         height=[400] * 3)
+        return round(time.perf_counter() - start, 2)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        own = [draw(Path(scratch)) for _ in range(rounds)]
+        with one_browser():
+            shared = [draw(Path(scratch)) for _ in range(rounds)]
+    return {"figures": len(figures), "browser_each_time_s": own, "one_browser_s": shared}
+
+
+def gzip_levels(path: Path = RECORDS) -> dict[str, object]:
+    """Seconds and bytes to compress a run's round records at zlib levels 1, 6 and 9."""
+    with gzip.open(path, "rb") as handle:
+        raw = handle.read()
+    levels = {}
+    for level in (1, 6, 9):
+        start = time.perf_counter()
+        size = len(zlib.compress(raw, level))
+        levels[str(level)] = {"seconds": round(time.perf_counter() - start, 3), "bytes": size}
+    return {"file": str(path.relative_to(ROOT)), "raw_bytes": len(raw), "levels": levels}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="the JSON to write (default: data/speed/suite-costs-DATE.json)")
+    parser.add_argument("--skip-conversion", action="store_true", help="leave out the two conversions (about 1 min)")
+    args = parser.parse_args(argv)
+    if shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists():
+        raise SystemExit("suite_costs: kaleido needs Chromium: run `make chromium`")
+    today = datetime.date.today().isoformat()
+    record: dict[str, object] = {"date": today, "machine": machine(), "command": "python bench/suite_costs.py"}
+    if not args.skip_conversion:
+        record["conversion"] = conversion()
+    record["kaleido"] = kaleido_draws()
+    record["gzip"] = gzip_levels()
+    out = Path(args.out) if args.out else ROOT / "data" / "speed" / f"suite-costs-{today}.json"
+    atomic_write_json(out, record)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
