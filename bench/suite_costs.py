@@ -1,7 +1,7 @@
-"""Three costs the test suite pays, each against the way it was paid before, measured in one run.
+"""Costs the test suite pays, each against the way it was paid before, measured in one run.
 
     python bench/suite_costs.py                      # -> data/speed/suite-costs-DATE.json
-    python bench/suite_costs.py --out runs/c.json --skip-conversion
+    python bench/suite_costs.py --out runs/c.json --parts gzip,startup
 
 * **conversion**: the embedded model's GGUF file converted into an empty
   cache by :func:`bsi.models.convert_gguf` (one parse of the file, shared by
@@ -14,6 +14,16 @@
 * **gzip**: a shipped run's per-layer round records
   (``data/runs/*/rounds-layers.jsonl.gz``) compressed at zlib levels 1, 6
   and 9: seconds and bytes.
+* **startup**: ``make test``'s pytest command with every test deselected
+  (``-k`` matching none): the controller's start, two workers' start and
+  their collection of the whole suite, the seconds before the first test
+  can run. Against it, interleaved, the same command with a plugin that
+  imports what ``tests/conftest.py`` and the notebook tests imported at
+  their top before (torch, transformers' Llama, nbformat), on the
+  controller and on every worker (:data:`EAGER_IMPORTS`).
+* **launches**: the three two-process runs of ``tests/test_distributed.py``
+  in one ``torchrun`` launch (as the test runs them) and in three launches
+  of one run each (as they ran before), interleaved.
 
 Run it with nothing else running: the figures are seconds on this machine.
 """
@@ -24,7 +34,9 @@ import argparse
 import datetime
 import gzip
 import hashlib
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -106,19 +118,75 @@ def gzip_levels(path: Path = RECORDS) -> dict[str, object]:
     return {"file": str(path.relative_to(ROOT)), "raw_bytes": len(raw), "levels": levels}
 
 
+#: the imports ``tests/conftest.py``, ``tests/test_notebooks.py`` and ``tests/test_walkthroughs.py`` made at their
+#: top before they were moved into the functions that use them, as a pytest plugin (loaded by ``-p``)
+EAGER_IMPORTS = "import torch\nimport nbformat\nfrom transformers import LlamaConfig, LlamaForCausalLM\n"
+
+
+def startup(repeats: int = 2) -> dict[str, object]:
+    """Seconds of ``make test``'s pytest command with no test selected, with and without the eager imports."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile",
+               "--no-loadscope-reorder", "-k", "no_test_has_this_name"]
+    with tempfile.TemporaryDirectory() as scratch:
+        (Path(scratch) / "eager_imports.py").write_text(EAGER_IMPORTS)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [scratch, os.environ.get("PYTHONPATH")]))}
+        seconds: dict[str, list[float]] = {"now_s": [], "eager_imports_s": []}
+        for _ in range(repeats):
+            for name, extra in (("eager_imports_s", ["-p", "eager_imports"]), ("now_s", [])):
+                start = time.perf_counter()
+                done = subprocess.run(command + extra, cwd=ROOT, env=env, capture_output=True, text=True)
+                seconds[name].append(round(time.perf_counter() - start, 2))
+                if done.returncode != 5:  # pytest's "no tests collected" (all deselected): anything else failed
+                    raise SystemExit(f"suite_costs: pytest exited {done.returncode}: {done.stdout[-2000:]}")
+    return {"command": " ".join(command[1:]), **seconds}
+
+
+def launches(repeats: int = 1) -> dict[str, object]:
+    """Seconds of the three two-process runs of tests/test_distributed.py in one torchrun launch and in three."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import run_two_processes
+    from test_distributed import RUNS, SCRIPT
+
+    def launch(groups: list[tuple[str, ...]]) -> float:
+        with tempfile.TemporaryDirectory() as scratch:
+            start = time.perf_counter()
+            for n, group in enumerate(groups):
+                root = Path(scratch) / str(n)
+                root.mkdir()
+                run_two_processes(SCRIPT, [str(root), *group], root / "cache", root, timeout=900)
+            return round(time.perf_counter() - start, 2)
+
+    seconds: dict[str, list[float]] = {"one_launch_s": [], "three_launches_s": []}
+    for _ in range(repeats):
+        seconds["three_launches_s"].append(launch([(name,) for name in RUNS]))
+        seconds["one_launch_s"].append(launch([RUNS]))
+    return {"runs": list(RUNS), **seconds}
+
+
+PARTS = ("conversion", "kaleido", "gzip", "startup", "launches")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="the JSON to write (default: data/speed/suite-costs-DATE.json)")
-    parser.add_argument("--skip-conversion", action="store_true", help="leave out the two conversions (about 1 min)")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"the parts to measure, separated by commas (default: all of {', '.join(PARTS)})")
     args = parser.parse_args(argv)
-    if shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists():
-        raise SystemExit("suite_costs: kaleido needs Chromium: run `make chromium`")
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown or not parts:
+        raise SystemExit(f"suite_costs: --parts takes names from {', '.join(PARTS)}, separated by commas; "
+                         f"got {args.parts!r}")
+    if "kaleido" in parts and shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists():
+        raise SystemExit("suite_costs: kaleido needs Chromium: run `make chromium`, or leave kaleido out of --parts")
     today = datetime.date.today().isoformat()
-    record: dict[str, object] = {"date": today, "machine": machine(), "command": "python bench/suite_costs.py"}
-    if not args.skip_conversion:
-        record["conversion"] = conversion()
-    record["kaleido"] = kaleido_draws()
-    record["gzip"] = gzip_levels()
+    record: dict[str, object] = {"date": today, "machine": machine(),
+                                 "command": "python bench/suite_costs.py" + ("" if parts == list(PARTS) else
+                                                                             f" --parts {','.join(parts)}")}
+    measure = {"conversion": conversion, "kaleido": kaleido_draws, "gzip": gzip_levels, "startup": startup,
+               "launches": launches}
+    for part in parts:
+        record[part] = measure[part]()
     out = Path(args.out) if args.out else ROOT / "data" / "speed" / f"suite-costs-{today}.json"
     atomic_write_json(out, record)
     print(f"wrote {out}")

@@ -9,10 +9,13 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+
+if TYPE_CHECKING:  # torch and transformers are imported where they are used: pytest-xdist's controller loads this
+    # file before it starts the workers and runs no test, and their imports (~6 s) would hold every worker back
+    from transformers import LlamaForCausalLM
 
 #: The test tiers, one pytest marker each (``make test-fast``, ``make test-integration``, ``make test-e2e``; ``make
 #: test`` runs them all). ``unit``: maths, statistics, configuration, data and docs, on tensors and text, no model
@@ -118,12 +121,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=start)  # stable: each file keeps its own order
 
 
-#: torch's threads when the session starts (a core each), read before any test or fixture lowers them
-SESSION_THREADS = torch.get_num_threads()
+@pytest.fixture(scope="session")
+def _session_threads() -> int:
+    """torch's threads when the session starts (a core each), read before any test or fixture lowers them."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 @pytest.fixture(autouse=True)
-def _threads_per_test():
+def _threads_per_test(_session_threads):
     """One process: every test on all the cores; pytest-xdist workers: one thread each, so that they do not thrash.
 
     On 2 cores the one-process suite took 10 min 49 s with every test on
@@ -133,8 +140,10 @@ def _threads_per_test():
     fixtures set one thread for a whole file, so the count is set here for
     every test rather than inherited.
     """
+    import torch
+
     threads = torch.get_num_threads()
-    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else SESSION_THREADS)
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else _session_threads)
     yield
     torch.set_num_threads(threads)
 
@@ -171,6 +180,9 @@ def smoke_app(tmp_path, monkeypatch):
 
 def make_tiny_llama(tied: bool = False, vocab: int = 97, seed: int = 0) -> LlamaForCausalLM:
     """A 2-layer Llama with random weights (hidden 32), optionally with tied embeddings."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
@@ -194,6 +206,8 @@ class LMLoss:
         return model(input_ids=ids).logits[:, :-1].float(), ids[:, 1:]  # (B, T-1, V), (B, T-1)
 
     def __call__(self, model, batch):
+        import torch
+
         logits, targets = self._logits(model, batch)
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
@@ -203,6 +217,8 @@ class LMLoss:
         return ids.shape[0] * (ids.shape[1] - 1)
 
     def sampled(self, model, batch, generator=None):
+        import torch
+
         logits, _ = self._logits(model, batch)
         flat = logits.reshape(-1, logits.shape[-1])
         drawn = torch.multinomial(torch.softmax(flat.detach(), -1), 1, generator=generator).squeeze(1)
@@ -214,6 +230,8 @@ lm_loss = LMLoss()
 
 def token_batches(vocab: int = 97, batch: int = 4, length: int = 16, seed: int = 1):
     """An endless, seeded stream of random token batches."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     while True:
         yield {"input_ids": torch.randint(0, vocab, (batch, length), generator=generator)}
@@ -235,3 +253,4 @@ def run_two_processes(script: str, args: list[str], cache: Path, folder: Path, t
         env=env, capture_output=True, text=True, timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+

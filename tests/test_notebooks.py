@@ -34,11 +34,14 @@ import shutil
 import struct
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import nbformat
 import pytest
 from conftest import NETWORK, load_script, markdown_images
-from nbclient import NotebookClient
+
+if TYPE_CHECKING:  # nbformat is imported by the tests that read notebooks: every pytest-xdist worker collects this
+    # file, and nbformat's import (jsonschema building its IRI grammar, ~2 s) is paid only where notebooks are read
+    import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -123,6 +126,8 @@ def test_every_notebook_has_a_source_and_none_holds_outputs():
 
 
 def test_builder_reads_the_percent_format_and_detects_outputs(tmp_path):
+    import nbformat
+
     build = _builder()
     cells = build.parse_cells("header\n# %% [markdown]\n# # Title\n#\n# text\n\n# %%\nx = 1\n\n# %%\n\n"
                               '# %% tags=["hide-input"]\nprint(x)\n')
@@ -153,6 +158,8 @@ def solutions(nb) -> list[str]:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_ends_with_what_the_data_say_a_recap_exercises_and_further_reading(path):
+    import nbformat
+
     nb = nbformat.read(path, as_version=4)
     markdown = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     headings = re.findall(r"^## (.+)$", markdown, re.M)
@@ -166,6 +173,8 @@ def test_notebook_ends_with_what_the_data_say_a_recap_exercises_and_further_read
 
 
 def test_introductions_list_the_sections_and_quantities_are_defined_before_use():
+    import nbformat
+
     for path in NOTEBOOKS:
         cells = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown"]
         lists: list[list[int]] = []  # the introduction's numbered lists; the last one names the sections
@@ -200,6 +209,8 @@ PROBE = ("import sys, json, bsi\nprint('KERNEL', sys.executable, bsi.__file__)\n
 
 def with_exercises(nb) -> tuple[nbformat.NotebookNode, int]:
     """A copy of ``nb`` with its exercises' solutions and :data:`PROBE` appended, and how many cells were appended."""
+    import nbformat
+
     nb = copy.deepcopy(nb)
     extra = [nbformat.v4.new_code_cell(code) for code in solutions(nb)] + [nbformat.v4.new_code_cell(PROBE)]
     nb.cells.extend(extra)
@@ -208,6 +219,9 @@ def with_exercises(nb) -> tuple[nbformat.NotebookNode, int]:
 
 def run_with_exercises(path: Path, tmp_path: Path, monkeypatch) -> nbformat.NotebookNode:
     """``path`` run headlessly on the tiny model with its solutions and :data:`PROBE` after it, every output kept."""
+    import nbformat
+    from nbclient import NotebookClient
+
     monkeypatch.setenv("BSI_NOTEBOOK_MODEL", "tiny-random-llama")
     monkeypatch.setenv("BSI_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two shared cores: threads would only fight
@@ -319,6 +333,8 @@ def _notes(outputs: list) -> list[str]:
 
 @pytest.mark.parametrize("stem", RENDERED)
 def test_tiny_render_reads_anywhere(stem, tiny_render):
+    import nbformat
+
     times, out, _ = tiny_render
     render, build = _load_render(), _builder()
 
@@ -379,6 +395,8 @@ def test_tiny_render_reads_anywhere(stem, tiny_render):
 
 
 def test_interactive_views_are_shown_as_the_notebook_left_them(tiny_render):
+    import nbformat
+
     _, out, _ = tiny_render
     rounds = _outputs(nbformat.read(out / "03_pruning_rounds.ipynb", as_version=4))
     start = next(n for n, o in enumerate(rounds) if "Interactive view" in o.get("data", {}).get("text/markdown", ""))

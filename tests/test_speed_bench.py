@@ -167,3 +167,25 @@ def test_suite_costs_gzip_levels_trade_seconds_for_bytes_on_a_shipped_runs_recor
     assert costs.folder_digests(tmp_path / "a") == costs.folder_digests(tmp_path / "b")
     (tmp_path / "b" / "x.json").write_text("[]")
     assert costs.folder_digests(tmp_path / "a") != costs.folder_digests(tmp_path / "b")
+
+
+def test_suite_costs_takes_only_the_parts_it_knows_and_its_eager_imports_are_what_the_tests_no_longer_import(tmp_path):
+    """A bad --parts is one line naming the parts and writes nothing; the "before" plugin imports what conftest did."""
+    costs = load("suite_costs")
+    out = tmp_path / "costs.json"
+    for parts in ("gzip,nope", " , "):
+        with pytest.raises(SystemExit, match="--parts takes names from conversion, kaleido, gzip, startup, launches"):
+            costs.main(["--parts", parts, "--out", str(out)])
+    assert not out.exists()
+    assert costs.main(["--parts", "gzip", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["command"] == "python bench/suite_costs.py --parts gzip" and set(record) >= {"gzip", "machine"}
+    # the "before" side imports exactly the heavy modules that tests/conftest.py and the notebook tests now import
+    # where they are used (so that pytest-xdist's controller and every worker's collection skip them)
+    tops = {path: [line for line in (BENCH.parent / "tests" / path).read_text().splitlines()
+                   if line.startswith(("import ", "from "))] for path in
+            ("conftest.py", "test_notebooks.py", "test_walkthroughs.py")}
+    assert not [line for lines in tops.values() for line in lines
+                if line.split()[1].split(".")[0] in {"torch", "transformers", "nbformat", "nbclient"}]
+    assert costs.EAGER_IMPORTS.splitlines() == ["import torch", "import nbformat",
+                                                "from transformers import LlamaConfig, LlamaForCausalLM"]

@@ -15,7 +15,6 @@ import re
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
 from conftest import NETWORK, load_script, markdown_images
 
@@ -74,6 +73,8 @@ def test_formulas_become_mathml_and_code_stays():
 
 
 def test_temporary_paths_names_the_cells_that_print_the_renders_scratch_folder(tmp_path):
+    import nbformat  # here, not at the top: every pytest-xdist worker collects this file (tests/test_notebooks.py)
+
     render = _load("render")
     scratch = tmp_path / "bsi-walkthroughs-x"
     nb = nbformat.v4.new_notebook(cells=[

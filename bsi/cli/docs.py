@@ -828,8 +828,13 @@ def suite_durations(*names: str, rows: int = 15) -> str:
     row per test file (the first run's ``rows`` longest, then the rest
     together), each cell the seconds its tests took (setup, call and
     teardown), then the seconds inside tests and the wall time pytest printed.
+    A file the suite no longer has (merged into another since) is named
+    without code quotes, and says so.
     """
     from bsi.units import duration
+
+    def name_of(file: str) -> str:
+        return f"`{file}`" if (ROOT / file).exists() else f"{file} (no longer in the suite)"
 
     runs = [json.loads((ROOT / "data" / "speed" / f"{name}.json").read_text(encoding="utf-8")) for name in names]
     files = list(runs[0]["files"])
@@ -837,7 +842,7 @@ def suite_durations(*names: str, rows: int = 15) -> str:
     lines = ["| test file | " + " | ".join(f"`{name}` ({r['workers']} worker{'s' if r['workers'] > 1 else ''}): s"
                                           for name, r in zip(names, runs)) + " |", "|---|" + "---|" * len(runs)]
     for file in files[:rows]:
-        lines.append(f"| `{file}` | " + " | ".join(f"{r['files'].get(file, 0):.1f}" for r in runs) + " |")
+        lines.append(f"| {name_of(file)} | " + " | ".join(f"{r['files'].get(file, 0):.1f}" for r in runs) + " |")
     lines.append(f"| the other {len(files) - len(shown)} files | " + " | ".join(
         f"{sum(s for f, s in r['files'].items() if f not in shown):.1f}" for r in runs) + " |")
     lines.append("| inside tests, all files | " + " | ".join(f"{r['seconds_in_tests']:.0f}" for r in runs) + " |")
