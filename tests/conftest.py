@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # torch and transformers are imported where they are used: pytest-xdist's controller loads this
-    # file before it starts the workers and runs no test, and their imports (~6 s) would hold every worker back
+    # file before it starts the workers and runs no test, and their imports would hold every worker back
+    # (`python bench/suite_costs.py --parts startup`: data/speed/suite-costs-2026-12-02-startup.json)
     from transformers import LlamaForCausalLM
 
 #: The test tiers, one pytest marker each (``make test-fast``, ``make test-integration``, ``make test-e2e``; ``make
@@ -253,4 +254,3 @@ def run_two_processes(script: str, args: list[str], cache: Path, folder: Path, t
         env=env, capture_output=True, text=True, timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-
