@@ -120,7 +120,8 @@ def gzip_levels(path: Path = RECORDS) -> dict[str, object]:
 
 #: the imports ``tests/conftest.py``, ``tests/test_notebooks.py`` and ``tests/test_walkthroughs.py`` made at their
 #: top before they were moved into the functions that use them, as a pytest plugin (loaded by ``-p``)
-EAGER_IMPORTS = "import torch\nimport nbformat\nfrom transformers import LlamaConfig, LlamaForCausalLM\n"
+EAGER_IMPORTS = ("import torch\nimport nbformat\nfrom nbclient import NotebookClient\n"
+                 "from transformers import LlamaConfig, LlamaForCausalLM\n")
 
 
 def startup(repeats: int = 2) -> dict[str, object]:
@@ -163,7 +164,10 @@ def launches(repeats: int = 1) -> dict[str, object]:
     return {"runs": list(RUNS), **seconds}
 
 
-PARTS = ("conversion", "kaleido", "gzip", "startup", "launches")
+#: every part this script can measure, by name, in the order it measures them
+MEASURES = {"conversion": conversion, "kaleido": kaleido_draws, "gzip": gzip_levels, "startup": startup,
+            "launches": launches}
+PARTS = tuple(MEASURES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,10 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     record: dict[str, object] = {"date": today, "machine": machine(),
                                  "command": "python bench/suite_costs.py" + ("" if parts == list(PARTS) else
                                                                              f" --parts {','.join(parts)}")}
-    measure = {"conversion": conversion, "kaleido": kaleido_draws, "gzip": gzip_levels, "startup": startup,
-               "launches": launches}
     for part in parts:
-        record[part] = measure[part]()
+        record[part] = MEASURES[part]()
     out = Path(args.out) if args.out else ROOT / "data" / "speed" / f"suite-costs-{today}.json"
     atomic_write_json(out, record)
     print(f"wrote {out}")

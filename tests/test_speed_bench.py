@@ -181,11 +181,20 @@ def test_suite_costs_takes_only_the_parts_it_knows_and_its_eager_imports_are_wha
     record = json.loads(out.read_text())
     assert record["command"] == "python bench/suite_costs.py --parts gzip" and set(record) >= {"gzip", "machine"}
     # the "before" side imports exactly the heavy modules that tests/conftest.py and the notebook tests now import
-    # where they are used (so that pytest-xdist's controller and every worker's collection skip them)
-    tops = {path: [line for line in (BENCH.parent / "tests" / path).read_text().splitlines()
-                   if line.startswith(("import ", "from "))] for path in
-            ("conftest.py", "test_notebooks.py", "test_walkthroughs.py")}
-    assert not [line for lines in tops.values() for line in lines
-                if line.split()[1].split(".")[0] in {"torch", "transformers", "nbformat", "nbclient"}]
-    assert costs.EAGER_IMPORTS.splitlines() == ["import torch", "import nbformat",
-                                                "from transformers import LlamaConfig, LlamaForCausalLM"]
+    # only inside their functions (so that pytest-xdist's controller and every worker's collection skip them)
+    import ast
+
+    def top_modules(tree) -> set[str]:
+        return {(alias.name if isinstance(node, ast.Import) else node.module).split(".")[0]
+                for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
+                for alias in node.names}
+
+    heavy = {"torch", "transformers", "nbformat", "nbclient"}
+    trees = [ast.parse((BENCH.parent / "tests" / name).read_text()) for name in
+             ("conftest.py", "test_notebooks.py", "test_walkthroughs.py")]
+    inside = {(alias.name if isinstance(node, ast.Import) else node.module).split(".")[0]
+              for tree in trees for function in ast.walk(tree) if isinstance(function, ast.FunctionDef)
+              for node in ast.walk(function) if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
+              for alias in node.names}
+    assert not heavy & set().union(*map(top_modules, trees))  # none of them at the top of the three files
+    assert top_modules(ast.parse(costs.EAGER_IMPORTS)) == heavy & inside == heavy  # the plugin: all, and only, those
