@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -347,7 +348,7 @@ def ensure_gemma_model(cache_dir: str | Path | None = None) -> Path:
         shutil.rmtree(joined, ignore_errors=True)
 
 
-#: one conversion at a time in a process: :func:`_gguf_parsed_once` swaps a module attribute while it runs
+#: one conversion at a time in a process: :func:`_gguf_parsed_once` swaps two module attributes while it runs
 _GGUF_PARSE_LOCK = threading.Lock()
 
 
@@ -363,11 +364,20 @@ def _gguf_parsed_once() -> Iterator[None]:
     file does not change in between. The reader maps the file read-only and
     nothing writes to it, so one parse can serve all three; the tensors are
     still de-quantized once, by the weights' reading.
+
+    The same goes for gguf's table of tensor names: transformers matches
+    the model's parameter names to the file's by walking every submodule, and
+    asks ``gguf.get_tensor_name_map(arch, blocks)`` afresh at each one (397
+    times for SmolLM2), which rebuilds the whole table each time. Inside,
+    each ``(arch, blocks)`` table is built once; transformers only reads it.
+    With both shared, the conversion takes 10.1 s against transformers' own
+    21.1 s on one thread of a 2-core AMD EPYC (``bench/suite_costs.py
+    --parts conversion``, 2026-12-02).
     """
     import gguf
 
     with _GGUF_PARSE_LOCK:
-        parse = gguf.GGUFReader
+        parse, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
         readers: dict[tuple[object, ...], object] = {}
 
         def parsed_once(path: str | os.PathLike[str], *args: object, **kwargs: object) -> object:
@@ -377,10 +387,11 @@ def _gguf_parsed_once() -> Iterator[None]:
             return readers[key]
 
         gguf.GGUFReader = parsed_once
+        gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
         try:
             yield
         finally:
-            gguf.GGUFReader = parse
+            gguf.GGUFReader, gguf.get_tensor_name_map = parse, name_map
 
 
 def convert_gguf(gguf: Path, final: Path) -> Path:

@@ -212,7 +212,10 @@ def test_checkpointing_recomputes_the_same_gradients_without_deprecation_warning
 
 
 def test_a_gguf_file_is_parsed_once_during_a_conversion_and_the_reader_is_restored_after(tmp_path):
-    """transformers reads a GGUF file three times to convert it; inside ``_gguf_parsed_once`` they share one parse."""
+    """transformers reads a GGUF file three times and asks for gguf's name table at every submodule to convert it.
+
+    Inside ``_gguf_parsed_once`` the readings share one parse and the submodules one table per (arch, blocks).
+    """
     import gguf
     import numpy as np
 
@@ -224,9 +227,14 @@ def test_a_gguf_file_is_parsed_once_during_a_conversion_and_the_reader_is_restor
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    original = gguf.GGUFReader
+    original, names = gguf.GGUFReader, gguf.get_tensor_name_map
     with models._gguf_parsed_once():
         first, again = gguf.GGUFReader(path), gguf.GGUFReader(str(path))
         assert first is again and isinstance(first, original)
         assert first.fields["test.value"].contents() == 7 and first.tensors[0].data.tolist() == [[0, 1, 2], [3, 4, 5]]
+        table = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)  # the name table: built once per (arch, blocks)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is table
+        assert table.get_name("model.layers.1.self_attn.q_proj") == "blk.1.attn_q"
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not table
     assert gguf.GGUFReader is original and gguf.GGUFReader(path) is not first  # a fresh parse outside
+    assert gguf.get_tensor_name_map is names and names(gguf.MODEL_ARCH.LLAMA, 2) is not table
