@@ -54,13 +54,15 @@ def score(folder: str, limit: int) -> dict:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """The command line: ``argv`` as the words after the script's name (default: ``sys.argv[1:]``)."""
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", nargs="+", required=True, help="bsi run folders (bsi compress --out)")
     parser.add_argument("--limit", type=int, default=3, help="WikiText-2 test articles scored (lm-eval's --limit)")
     parser.add_argument("--out", required=True, help="the JSON file to write")
     parser.add_argument("--no-shipped", action="store_true", help="skip the embedded model as shipped")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     version = check_lm_eval()
     runs = [(folder, run_summary(folder), run_reference(folder).model) for folder in args.runs]  # all checked first
@@ -81,7 +83,7 @@ def main() -> int:
         shipped = score(str(ensure_embedded_model()), args.limit)
     record = {"date": datetime.date.today().isoformat(), "lm_eval_version": version, "task": TASK,
               "articles": args.limit, "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or os.cpu_count(),
-              "command": "python bench/general_text.py " + " ".join(sys.argv[1:]),
+              "command": "python bench/general_text.py " + " ".join(argv),
               "embedded_as_shipped": shipped, "runs": rows}
     atomic_write_json(Path(args.out), record)
     print(json.dumps({r["preset"]: (r["dense"]["word_perplexity"], r["compressed"]["word_perplexity"])

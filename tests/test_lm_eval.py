@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
 from bsi.cli import main
 from bsi.errors import BSIError
@@ -207,18 +208,22 @@ def test_generation_tasks_are_prompted_through_a_chat_template_when_the_tokenize
         [False, True, True, False]
 
 
-def test_the_general_text_bench_scores_a_run_and_its_dense_model_and_the_docs_table_reads_it(smoke_export, tmp_path):
-    """bench/general_text.py on the smoke run: lm-eval on the run and its fine-tuned dense model, one JSON, one table."""
+def test_the_general_text_bench_scores_a_run_and_its_dense_model_and_the_docs_table_reads_it(smoke_export, tmp_path,
+                                                                                             monkeypatch):
+    """bench/general_text.py on the smoke run: lm-eval on the run and its fine-tuned dense model, one JSON, one table.
+
+    The script's ``main`` runs in this process, with the smoke run's cache (a new process would only import torch
+    again); every task it reads is bsi's own, built from the package.
+    """
     from bsi.cli.docs import general_text_table
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "general-text.json"
-    env = {**os.environ, **OFFLINE, "BSI_CACHE": str(smoke_export.parent / "cache")}
-    done = subprocess.run([sys.executable, str(root / "bench" / "general_text.py"), "--runs", str(smoke_export),
-                           "--limit", "1", "--no-shipped", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    monkeypatch.setenv("BSI_CACHE", str(smoke_export.parent / "cache"))
+    bench = load_script(root / "bench" / "general_text.py", "bench_general_text")
+    assert bench.main(["--runs", str(smoke_export), "--limit", "1", "--no-shipped", "--out", str(out)]) == 0
     record = json.loads(out.read_text())
+    assert record["command"] == f"python bench/general_text.py --runs {smoke_export} --limit 1 --no-shipped --out {out}"
     (run,) = record["runs"]
     assert run["preset"] == "smoke" and run["task"] == "qa" and record["embedded_as_shipped"] is None
     assert len(run["dense_folder"]) == 16 and "/" not in run["dense_folder"]  # the cache key, not this machine's path
