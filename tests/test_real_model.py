@@ -16,7 +16,8 @@ def test_embedded_model_compresses_saves_and_reloads(tmp_path, capsys):
     out = tmp_path / "smol"
     args = ["compress", "--model", EMBEDDED_MODEL, "--skip-finetune", "--target-ratio", "0.7", "--rounds", "2",
             "--iters-per-epoch", "4", "--sampling-ratio", "0.5", "--recover-steps", "2", "--batch-size", "2",
-            "--max-length", "96", "--eval-examples", "4", "--max-new-tokens", "8", "--quiet", "--out", str(out)]
+            "--max-length", "96", "--calibration-batches", "4", "--eval-examples", "4", "--max-new-tokens", "8", "--quiet",
+            "--out", str(out)]
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert abs(summary["compressible_ratio"] - 0.7) <= 0.01
