@@ -53,6 +53,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -163,8 +164,11 @@ def device_memory(device: torch.device) -> dict[str, float]:
 
 
 def run_one(preset: str, dtype: str, device: str, out_dir: Path, deadline: float, cache_dir: str | None,
-            save: callable) -> dict:
-    """One ``bsi compress`` run; its entry is rewritten through ``save`` after every stage."""
+            save: callable, now: Callable[[], float] = time.monotonic) -> dict:
+    """One ``bsi compress`` run; its entry is rewritten through ``save`` after every stage.
+
+    The run stops at the first report after ``now()`` passes ``deadline``.
+    """
     config = make_config(preset, {"device": device, "dtype": dtype})
     pipeline = Pipeline(config, out_dir=out_dir, cache_dir=cache_dir, force=True)
     if pipeline.device.type == "cuda":
@@ -194,13 +198,14 @@ def run_one(preset: str, dtype: str, device: str, out_dir: Path, deadline: float
             return record(report.summary)
         if isinstance(report, (StageReport, EvalReport)) and getattr(report, "event", "end") == "end":
             record()
-        if time.monotonic() > deadline:
+        if now() > deadline:
             entry["stopped"] = f"the budget ran out during {max(clock.marks, key=clock.marks.get)}"
             return record()
     return record()
 
 
-def profile_run(preset: str, dtype: str, args, root: Path, deadline: float) -> dict:
+def profile_run(preset: str, dtype: str, args, root: Path, deadline: float,
+                now: Callable[[], float] = time.monotonic) -> dict:
     """One more run of ``preset`` in ``dtype`` under torch.profiler; its costliest operations go to a text file."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -208,7 +213,7 @@ def profile_run(preset: str, dtype: str, args, root: Path, deadline: float) -> d
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         entry = run_one(preset, dtype, args.device, root / f"profile-{preset}-{dtype}", deadline, args.cache_dir,
-                        lambda e: None)
+                        lambda e: None, now)
     path = Path(args.json).with_name(Path(args.json).stem + "-profile.txt")
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     path.write_text(f"{entry['command']} under torch.profiler (complete: {entry['complete']}; stages {entry['stages']})"
@@ -216,7 +221,8 @@ def profile_run(preset: str, dtype: str, args, root: Path, deadline: float) -> d
     return {"run": f"{preset}:{dtype}", "file": path.name, "complete": entry["complete"], "stages": entry["stages"]}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, now: Callable[[], float] = time.monotonic) -> int:
+    """The command line; ``now`` is what the budget is read from (seconds; a test passes its own)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", default=DEFAULT_RUNS, help=f"comma-separated PRESET:DTYPE (default: {DEFAULT_RUNS})")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (a dry run)")
@@ -235,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench/gpu_compress.py --device cuda needs a CUDA GPU; none is available here (--device cpu for a "
               "dry run)", file=sys.stderr)
         return 2
-    deadline = time.monotonic() + args.budget
+    deadline = now() + args.budget
     root = Path(args.runs_dir) if args.runs_dir else Path(tempfile.mkdtemp(prefix="bsi-gpu-compress-"))
     result: dict = {"kind": "compress", "machine": machine(), "budget_s": args.budget, "runs": [],
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -248,19 +254,20 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         for preset, dtype in runs:
-            left = deadline - time.monotonic()
+            left = deadline - now()
             if left < args.min_start:
                 result.setdefault("not_run", []).append(f"{preset}:{dtype}")
                 atomic_write_json(args.json, result)
                 continue
-            entry = run_one(preset, dtype, args.device, root / f"{preset}-{dtype}", deadline, args.cache_dir, save)
+            entry = run_one(preset, dtype, args.device, root / f"{preset}-{dtype}", deadline, args.cache_dir, save,
+                            now)
             print(json.dumps({k: entry.get(k) for k in ("preset", "dtype", "complete", "stages", "first_round_s",
                                                         "metrics", "memory")}), flush=True)
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        if profiled is not None and deadline - time.monotonic() >= args.min_start:
-            result["profile"] = profile_run(*profiled, args, root, deadline)
+        if profiled is not None and deadline - now() >= args.min_start:
+            result["profile"] = profile_run(*profiled, args, root, deadline, now)
             atomic_write_json(args.json, result)
     finally:
         if not args.runs_dir:

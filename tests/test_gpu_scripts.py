@@ -9,6 +9,7 @@ What needs CUDA is skipped without it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shlex
@@ -83,15 +84,19 @@ def test_compress_times_every_stage_and_its_run_is_the_pipelines_own(isolated_ca
 
 
 def test_compress_stops_at_its_budget_and_keeps_what_it_measured(isolated_cache, tmp_path, report):
-    # The smoke run takes about 1 s on 2 cores (load 0.05 s): a 0.5 s budget stops it after its load, mid-run.
+    # A clock that moves one second per reading, whatever the machine's speed: the deadline is 2.5 (read at 0);
+    # the first run starts with 1.5 s left (read at 1), reads 2 at its first report (load starts) and 3 at its
+    # second (load ends), and stops there, mid-run; the second run finds the budget spent (read at 4).
+    readings = itertools.count()
     script = load("bench/gpu_compress.py", "bench_gpu_compress")
     out = tmp_path / "c.json"
-    assert script.main(["--runs", "smoke:float32,smoke:bfloat16", "--device", "cpu", "--budget", "0.5",
-                        "--min-start", "0", "--json", str(out)]) == 0
+    assert script.main(["--runs", "smoke:float32,smoke:bfloat16", "--device", "cpu", "--budget", "2.5",
+                        "--min-start", "0", "--json", str(out)], now=lambda: float(next(readings))) == 0
     result = json.loads(out.read_text())
     first = result["runs"][0]
-    assert first["complete"] is False and first["stopped"].startswith("the budget ran out")
-    assert first["stages"]["load"] is not None  # what was measured before the stop is there
+    assert first["complete"] is False and first["stopped"] == "the budget ran out during load_end"
+    assert first["stages"]["load"] is not None  # what was measured before the stop is there, and nothing after
+    assert [stage for stage, seconds in first["stages"].items() if seconds is not None] == ["load"]
     assert result["not_run"] == ["smoke:bfloat16"]
     assert "Not run (budget): smoke:bfloat16." in report.compress_table(result, {})
 
