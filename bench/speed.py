@@ -28,6 +28,13 @@ much on the batches it timed:
   weights; quality: how many answers and correct marks differ from the
   baseline's, and the loss difference. ``--model`` takes a saved model's
   folder too (a fine-tune in ``$BSI_CACHE/finetuned``, a run's ``model/``).
+* ``svd``: the conversion's SVDs, one per shape of the model's linear
+  layers, in float32 (plain bases) and float64 (whitened bases):
+  ``torch.linalg.svd`` of the weight as it lies (the baseline) against
+  bsi.method.bases.thin_svd, which factorises a wide matrix as its
+  transpose; the seconds a whole conversion spends in them (times the
+  layers of that shape), and the largest singular-value difference and
+  reconstruction error of thin_svd.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from common import interleave, machine
 
-SECTIONS = ("train", "evaluate")
+SECTIONS = ("train", "evaluate", "svd")
 
 
 def autocast(on: bool):
@@ -212,6 +219,35 @@ def bench_evaluate(model, tokenizer, task, config, problems: int, repeats: int, 
             "ratios": {name: timings.median(base) / timings.median(name) for name in variants if name != base}}
 
 
+def bench_svd(model, repeats: int) -> dict:
+    """One SVD per distinct (out, in) of ``model``'s linear layers (lm_head aside): torch's as it lies against thin_svd."""
+    from bsi.method.bases import thin_svd
+
+    shapes: dict[tuple[int, int], dict] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and not name.endswith("lm_head"):
+            entry = shapes.setdefault(tuple(module.weight.shape), {"layers": 0, "weight": module.weight.detach()})
+            entry["layers"] += 1
+    rows = []
+    for (out, inp), entry in shapes.items():
+        for dtype in (torch.float32, torch.float64):
+            w = entry["weight"].to(dtype).clone()  # (out, in)
+            timings = interleave({"torch.linalg.svd": lambda i: torch.linalg.svd(w, full_matrices=False),
+                                  "thin_svd": lambda i: thin_svd(w)}, repeats)
+            u, s, vh = thin_svd(w)  # (out, r), (r,), (r, in)
+            reference = torch.linalg.svd(w, full_matrices=False)[1]  # (r,)
+            rows.append({"shape": [out, inp], "dtype": str(dtype).removeprefix("torch."), "layers": entry["layers"],
+                         "timings": timings.to_dict(),
+                         "speed_up": timings.median("torch.linalg.svd") / timings.median("thin_svd"),
+                         "conversion_s": {n: entry["layers"] * timings.median(n) for n in timings.seconds},
+                         "sigma_max_difference": float((s - reference).abs().max() / reference[0]),
+                         "reconstruction_error": float(torch.linalg.matrix_norm((u * s) @ vh - w)
+                                                       / torch.linalg.matrix_norm(w))})
+    totals = {dtype: {n: sum(r["conversion_s"][n] for r in rows if r["dtype"] == dtype)
+                      for n in ("torch.linalg.svd", "thin_svd")} for dtype in ("float32", "float64")}
+    return {"rows": rows, "conversion_s": totals}
+
+
 def table(result: dict) -> str:
     lines = [f"speed-ups against today's code path: model {result['model']}, {result['date']}, "
              f"{result['machine'].get('cpu')}, {result['machine'].get('torch_threads')} threads "
@@ -236,6 +272,17 @@ def table(result: dict) -> str:
             lines.append(f"  {name:<26}{value['median_s']:>8.2f} s  {'' if ratio is None else f'{ratio:.2f}x':>6}  "
                          f"answers differing {q['answers_differ']}, marks differing {q['correct_differ']}, "
                          f"accuracy {q['accuracy']:.2f}, loss {q['loss']:.4f} ({q['loss_difference']:+.1e})")
+    if "svd" in result:
+        sv = result["svd"]
+        lines += ["", "the conversion's SVDs (ms per matrix, median; seconds for every layer of that shape):"]
+        for r in sv["rows"]:
+            t = {n: 1000 * v["median_s"] for n, v in r["timings"].items()}
+            lines.append(f"  {r['shape'][0]:>5} x {r['shape'][1]:<5} {r['dtype']:<8} x{r['layers']:<3} "
+                         f"torch.linalg.svd {t['torch.linalg.svd']:8.1f}  thin_svd {t['thin_svd']:8.1f}  "
+                         f"{r['speed_up']:5.2f}x  sigma difference {r['sigma_max_difference']:.1e}, "
+                         f"reconstruction {r['reconstruction_error']:.1e}")
+        for dtype, seconds in sv["conversion_s"].items():
+            lines.append(f"  every layer, {dtype}: {seconds['torch.linalg.svd']:.2f} s -> {seconds['thin_svd']:.2f} s")
     return "\n".join(lines)
 
 
@@ -265,6 +312,8 @@ def main(argv: list[str] | None = None) -> None:
     if "evaluate" in args.sections:
         result["evaluate"] = bench_evaluate(model, tokenizer, task, config, args.eval_problems, args.repeats,
                                             args.eval_batch_sizes)
+    if "svd" in args.sections:
+        result["svd"] = bench_svd(model, args.repeats)
     print(table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

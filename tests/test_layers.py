@@ -105,7 +105,22 @@ def test_shipped_low_rank_layer_matches_the_library_one(bias):
     assert torch.equal(shipped(x), ours(x))
 
 
-def test_thin_svd_on_the_cpu_is_torch_svd():
-    w = torch.randn(12, 20, generator=torch.Generator().manual_seed(1))  # (out, in)
-    for got, want in zip(thin_svd(w), torch.linalg.svd(w, full_matrices=False)):
+def test_thin_svd_on_the_cpu_is_torch_svd_of_the_tall_way_round():
+    tall = torch.randn(20, 12, generator=torch.Generator().manual_seed(1))  # (out, in)
+    for got, want in zip(thin_svd(tall), torch.linalg.svd(tall, full_matrices=False)):
         assert torch.equal(got, want)
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+        wide = tall.T.to(dtype).contiguous()  # (12, 20): factorised as its transpose
+        u, s, vh = thin_svd(wide)  # (12, 12), (12,), (12, 20)
+        assert u.shape == (12, 12) and s.shape == (12,) and vh.shape == (12, 20)
+        assert u.is_contiguous() and vh.is_contiguous() and u.dtype == s.dtype == vh.dtype == dtype
+        assert torch.equal(s, torch.linalg.svd(tall.to(dtype), full_matrices=False)[1])
+        assert torch.all(s[:-1] >= s[1:])
+        eye = torch.eye(12, dtype=dtype)
+        assert torch.allclose(u.T @ u, eye, atol=tolerance * 10) and torch.allclose(vh @ vh.T, eye, atol=tolerance * 10)
+        assert torch.linalg.matrix_norm((u * s) @ vh - wide) / torch.linalg.matrix_norm(wide) < tolerance
+        # the same singular triplets as torch's own factorisation of the wide matrix, up to each pair's sign
+        u_direct, _, vh_direct = torch.linalg.svd(wide, full_matrices=False)
+        signs = torch.sign((u * u_direct).sum(0))  # (12,)
+        assert torch.allclose(u, u_direct * signs, atol=tolerance * 1e3)
+        assert torch.allclose(vh, vh_direct * signs[:, None], atol=tolerance * 1e3)

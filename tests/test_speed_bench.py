@@ -1,6 +1,6 @@
 """bench/stage_profile.py, bench/run_profile.py, bench/speed.py, bench/test_durations.py and bench/suite_costs.py: every stage profiled,
 every part of a recorded run counted inside its parent, the length-sorted batches hold the same examples, the
-evaluation section compares the decode loop with the gold draft, and pytest's durations are read back whole."""
+evaluation section compares the decode loop with the gold draft, the SVD section times every layer shape, and pytest's durations are read back whole."""
 
 from __future__ import annotations
 
@@ -76,6 +76,30 @@ def test_speed_bench_evaluation_section_on_the_tiny_model(tmp_path, capsys):
     draft = next(name for name in result["quality"] if name.endswith("gold draft"))
     assert result["quality"][draft]["loss_difference"] == pytest.approx(0, abs=1e-6)
     assert "gold draft" in capsys.readouterr().out
+
+
+def test_speed_bench_svd_section_times_every_layer_shape_and_thin_svd_is_exact(tmp_path, capsys):
+    speed = load("speed")
+    out = tmp_path / "speed.json"
+    speed.main(["--model", "tiny-random-llama", "--preset", "smoke", "--sections", "svd", "--repeats", "1",
+                "--json", str(out)])
+    result = json.loads(out.read_text())["svd"]
+    from bsi.models import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer("tiny-random-llama")
+    linear = [m.weight.shape for n, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")]
+    by_dtype = {dtype: [r for r in result["rows"] if r["dtype"] == dtype] for dtype in ("float32", "float64")}
+    for dtype, rows in by_dtype.items():
+        assert sorted(tuple(r["shape"]) for r in rows) == sorted({tuple(shape) for shape in linear})
+        assert sum(r["layers"] for r in rows) == len(linear)  # every layer counted once, by its shape
+        assert any(r["shape"][0] < r["shape"][1] for r in rows)  # a wide matrix: the transposed path is timed
+        for r in rows:
+            assert r["sigma_max_difference"] < (1e-5 if dtype == "float32" else 1e-12)
+            assert r["reconstruction_error"] < (1e-5 if dtype == "float32" else 1e-12)
+        assert result["conversion_s"][dtype]["thin_svd"] == pytest.approx(
+            sum(r["layers"] * r["timings"]["thin_svd"]["median_s"] for r in rows))
+    assert "every layer, float64:" in capsys.readouterr().out
 
 
 def test_run_profile_counts_each_part_inside_its_parent_only(tmp_path, capsys):
