@@ -56,9 +56,9 @@ def thin_svd(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     and the factors handed back swapped (576 x 1536 in float64 on one thread:
     228 ms as it is, 117 ms transposed; the embedded model's 210 float64 SVDs
     17.4 s -> 14.1 s; ``python bench/speed.py --sections svd``,
-    ``data/speed/svd-2026-12-02-intel-xeon-1t.json``). Either way the result is an SVD of ``w``; singular vectors are
-    unique only up to their signs, and these may differ from
-    ``torch.linalg.svd(w)``'s.
+    ``data/speed/svd-2026-12-02-intel-xeon-1t.json``). Either way the result
+    is an SVD of ``w``; singular vectors are unique only up to their signs,
+    and these may differ from ``torch.linalg.svd(w)``'s.
 
     Args:
         w: (out, in) float32 or float64.
