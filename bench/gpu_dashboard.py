@@ -11,7 +11,9 @@ form's fields in order) and watches the streamed status line. Records, in
 seconds from the press: the first status that names a round
 (``first_round_s``) and the ``**Done**`` status (``done_s``); also how long
 the server took to answer (``server_up_s``, from the process start), the
-rounds the status named, and the last status line. The device the app runs
+rounds the status named, the last status line, and how long the app took
+to exit after its SIGTERM with this client still connected (``stopped_s``;
+``None`` if it had to be killed after 20 s). The device the app runs
 on is its own choice (``auto``: CUDA where there is one).
 
 ``--budget`` bounds the script: once spent, the job is cancelled through
@@ -123,13 +125,17 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.25)
         save(rounds_seen=len(rounds), last_status=status[:400])
     finally:
+        stopping = time.monotonic()
         os.killpg(server.pid, signal.SIGTERM)
         try:
             server.wait(timeout=20)
+            save(stopped_s=time.monotonic() - stopping)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
+            save(stopped_s=None)
         log.close()
-    print({k: result.get(k) for k in ("outcome", "server_up_s", "first_round_s", "done_s", "rounds_seen")}, flush=True)
+    print({k: result.get(k) for k in ("outcome", "server_up_s", "first_round_s", "done_s", "rounds_seen", "stopped_s")},
+          flush=True)
     return 0 if result["outcome"] == "done" else 1
 
 

@@ -171,9 +171,10 @@ def dashboard_table(result: dict) -> str:
     device = result["machine"].get("gpu") or result["machine"].get("cpu")
     return "\n".join([
         f"The dashboard on {device} (`python app.py`, preset `{result['preset']}` driven through gradio_client):", "",
-        "| server up | first round | Done | rounds seen | outcome |", "|---|---|---|---|---|",
+        "| server up | first round | Done | rounds seen | outcome | stopped |", "|---|---|---|---|---|---|",
         f"| {seconds(result.get('server_up_s'))} s | {seconds(result.get('first_round_s'))} s | "
-        f"{seconds(result.get('done_s'))} s | {result.get('rounds_seen', '-')} | {result.get('outcome', '-')} |"])
+        f"{seconds(result.get('done_s'))} s | {result.get('rounds_seen', '-')} | {result.get('outcome', '-')} | "
+        f"{seconds(result.get('stopped_s'))} s |"])
 
 
 def gpu_tables(result: dict) -> str:

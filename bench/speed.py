@@ -35,6 +35,17 @@ much on the batches it timed:
   transpose; the seconds a whole conversion spends in them (times the
   layers of that shape), and the largest singular-value difference and
   reconstruction error of thin_svd.
+* ``bootstrap``: the sums behind every paired bootstrap interval
+  (bsi.analysis.stats), 4,000 resamples of two seeds' problems. The
+  baseline is the code until 2026-12-02: whole numbers (right-or-wrong
+  marks, token counts) summed as draw counts times values, anything else
+  (summed losses) gathered resample by resample and added up; the
+  candidate, today's code, counts both. Timed for marks (the same path
+  both ways: a check of the timing) and for losses, at 100, 500 and 2,000
+  problems (``--bootstrap-problems``), and as the statistics and tables of
+  a shipped sweep (``--bootstrap-sweep``, default ``study``) written again
+  (``Sweep.write``). Quality: the largest relative difference of the sums
+  (zero for whole numbers). It needs no model.
 """
 
 from __future__ import annotations
@@ -53,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from common import interleave, machine
 
-SECTIONS = ("train", "evaluate", "svd")
+SECTIONS = ("train", "evaluate", "svd", "bootstrap")
 
 
 def autocast(on: bool):
@@ -248,6 +259,64 @@ def bench_svd(model, repeats: int) -> dict:
     return {"rows": rows, "conversion_s": totals}
 
 
+def _sums_before(values: torch.Tensor, strata: tuple[int, ...], count: int, seed: int) -> torch.Tensor:
+    """The baseline, bsi.analysis.stats until 2026-12-02: whole numbers counted, anything else gathered, (count,)."""
+    from bsi.analysis.stats import _seeded_counts, _seeded_resamples
+
+    if bool((values == values.round()).all()):
+        return _seeded_counts(strata, count, seed) @ values  # (R, N) @ (N,)
+    return values[_seeded_resamples(strata, count, seed)].sum(1)  # (R, N) -> (R,)
+
+
+def bench_bootstrap(repeats: int, sweep_name: str = "study", problem_counts: tuple[int, ...] = (100, 500, 2000),
+                    resamples: int = 4000, calls: int = 20) -> dict:
+    """Resample sums as they were against counted, on made-up outcomes and on the shipped study's statistics."""
+    import shutil
+    import tempfile
+
+    from bsi.analysis import stats
+    from bsi.config import PipelineConfig, SweepConfig
+    from bsi.pipeline.sweep import Sweep
+
+    counted_sums = stats._resample_sums
+    rows = []
+    generator = torch.Generator().manual_seed(0)
+    for problems in problem_counts:
+        strata = tuple([0] * (problems // 2) + [1] * (problems - problems // 2))
+        for kind, values in (("marks", (torch.rand(problems, generator=generator) < 0.4).double()),
+                             ("losses", 3 * torch.rand(problems, generator=generator, dtype=torch.float64))):
+            counted_sums(values, strata, resamples, 0)  # the shared matrices built once, outside the timing
+            timings = interleave({"before": lambda i: [_sums_before(values, strata, resamples, 0)
+                                                         for _ in range(calls)],
+                                  "counted": lambda i: [counted_sums(values, strata, resamples, 0)
+                                                        for _ in range(calls)]}, repeats)
+            gathered, counted = _sums_before(values, strata, resamples, 0), counted_sums(values, strata, resamples, 0)
+            rows.append({"problems": problems, "values": kind, "calls": calls,
+                         "ms_per_call": {n: 1000 * timings.median(n) / calls for n in timings.seconds},
+                         "timings": timings.to_dict(), "speed_up": timings.median("before") / timings.median("counted"),
+                         "largest_relative_difference": float(((gathered - counted).abs() / gathered.abs()).max())})
+    sweep_folder = Path(__file__).resolve().parents[1] / "data" / "sweeps" / sweep_name
+    saved = json.loads((sweep_folder / "sweep.json").read_text())
+    with tempfile.TemporaryDirectory() as scratch:
+        copy_folder = Path(scratch) / sweep_name
+        shutil.copytree(sweep_folder, copy_folder)
+        sweep = Sweep(PipelineConfig.from_dict(saved["config"] | {"device": "cpu"}),
+                      SweepConfig.from_dict(saved["settings"]), copy_folder)
+
+        def write_with(sums):
+            stats._resample_sums = sums
+            try:
+                sweep.write()
+            finally:
+                stats._resample_sums = counted_sums
+
+        timings = interleave({"before": lambda i: write_with(_sums_before),
+                              "counted": lambda i: write_with(counted_sums)}, repeats)
+    return {"resamples": resamples, "rows": rows,
+            "study_statistics": {"sweep": sweep_name, "timings": timings.to_dict(),
+                                 "speed_up": timings.median("before") / timings.median("counted")}}
+
+
 def table(result: dict) -> str:
     lines = [f"speed-ups against today's code path: model {result['model']}, {result['date']}, "
              f"{result['machine'].get('cpu')}, {result['machine'].get('torch_threads')} threads "
@@ -283,6 +352,18 @@ def table(result: dict) -> str:
                          f"reconstruction {r['reconstruction_error']:.1e}")
         for dtype, seconds in sv["conversion_s"].items():
             lines.append(f"  every layer, {dtype}: {seconds['torch.linalg.svd']:.2f} s -> {seconds['thin_svd']:.2f} s")
+    if "bootstrap" in result:
+        bs = result["bootstrap"]
+        lines += ["", f"bootstrap sums, {bs['resamples']:,} resamples (ms per call, median):"]
+        for r in bs["rows"]:
+            t = r["ms_per_call"]
+            lines.append(f"  {r['problems']:>5} problems, {r['values']:<7} before {t['before']:7.2f}  counted "
+                         f"{t['counted']:7.2f}  {r['speed_up']:5.1f}x  largest relative difference "
+                         f"{r['largest_relative_difference']:.1e}")
+        study = bs["study_statistics"]
+        lines.append(f"  the shipped sweep {study['sweep']}'s statistics and tables written again: "
+                     f"{study['timings']['before']['median_s']:.2f} s"
+                     f" -> {study['timings']['counted']['median_s']:.2f} s ({study['speed_up']:.1f}x)")
     return "\n".join(lines)
 
 
@@ -298,15 +379,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--eval-problems", type=int, default=32)
     parser.add_argument("--eval-batch-sizes", type=int, nargs="+", default=[32])
+    parser.add_argument("--bootstrap-sweep", default="study", help="the shipped sweep (data/sweeps/) whose "
+                        "statistics the bootstrap section writes again (default: study)")
+    parser.add_argument("--bootstrap-problems", type=int, nargs="+", default=[100, 500, 2000])
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     config = make_config(args.preset, {"model": args.model} if args.model else {})
-    task = load_task(config.data, question_field=config.question_field, answer_field=config.answer_field,
-                     test_size=config.test_size, train_size=config.train_size, seed=config.seed)
-    model, tokenizer = load_model_and_tokenizer(config.model, dtype=torch.float32)
-    model.eval()
     result: dict = {"model": config.model, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
                     "repeats": args.repeats}
+    if {"train", "evaluate", "svd"} & set(args.sections):
+        task = load_task(config.data, question_field=config.question_field, answer_field=config.answer_field,
+                         test_size=config.test_size, train_size=config.train_size, seed=config.seed)
+        model, tokenizer = load_model_and_tokenizer(config.model, dtype=torch.float32)
+        model.eval()
     if "train" in args.sections:
         result["train"] = bench_train(model, tokenizer, task, config, args.repeats)
     if "evaluate" in args.sections:
@@ -314,6 +399,8 @@ def main(argv: list[str] | None = None) -> None:
                                             args.eval_batch_sizes)
     if "svd" in args.sections:
         result["svd"] = bench_svd(model, args.repeats)
+    if "bootstrap" in args.sections:
+        result["bootstrap"] = bench_bootstrap(args.repeats, args.bootstrap_sweep, tuple(args.bootstrap_problems))
     print(table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -11,7 +11,8 @@ import pytest
 import torch
 from conftest import load_script
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
 
 
 def load(name: str):
@@ -100,6 +101,29 @@ def test_speed_bench_svd_section_times_every_layer_shape_and_thin_svd_is_exact(t
         assert result["conversion_s"][dtype]["thin_svd"] == pytest.approx(
             sum(r["layers"] * r["timings"]["thin_svd"]["median_s"] for r in rows))
     assert "every layer, float64:" in capsys.readouterr().out
+
+
+def test_speed_bench_bootstrap_section_counts_the_sums_it_gathered_and_leaves_the_shipped_sweep_alone(tmp_path, capsys):
+    speed = load("speed")
+    out = tmp_path / "speed.json"
+    shipped = ROOT / "data" / "sweeps" / "study-quick-equal-training" / "stats.json"
+    before = shipped.read_bytes()
+    speed.main(["--sections", "bootstrap", "--repeats", "1", "--bootstrap-problems", "60",
+                "--bootstrap-sweep", "study-quick-equal-training", "--json", str(out)])
+    result = json.loads(out.read_text())["bootstrap"]
+    rows = {r["values"]: r for r in result["rows"]}
+    assert sorted(rows) == ["losses", "marks"] and all(r["problems"] == 60 for r in rows.values())
+    assert rows["marks"]["largest_relative_difference"] == 0  # whole numbers: the same sums to the last bit
+    assert 0 <= rows["losses"]["largest_relative_difference"] < 1e-14  # another order of the same additions
+    for r in rows.values():
+        assert set(r["ms_per_call"]) == {"before", "counted"} and all(v > 0 for v in r["ms_per_call"].values())
+    study = result["study_statistics"]
+    assert study["sweep"] == "study-quick-equal-training" and study["speed_up"] > 0
+    assert shipped.read_bytes() == before  # the statistics were written into a copy
+    from bsi.analysis import stats
+
+    assert stats._resample_sums.__module__ == "bsi.analysis.stats"  # the baseline swapped in was swapped back
+    assert "the shipped sweep study-quick-equal-training's statistics" in capsys.readouterr().out
 
 
 def test_run_profile_counts_each_part_inside_its_parent_only(tmp_path, capsys):

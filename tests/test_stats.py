@@ -77,8 +77,13 @@ def test_resamples_stay_within_their_seed_and_keep_its_size():
     assert picks[:, :5].unique().numel() == 5 and picks[:, 5:].unique().numel() == 3
 
 
-def test_the_shared_resamples_give_the_intervals_of_one_draw_per_pair_to_the_last_bit():
-    """Intervals share one resample matrix per layout and sum whole numbers as counts: the same numbers as before."""
+def test_the_shared_resamples_give_the_intervals_of_one_draw_per_pair():
+    """Intervals share one resample matrix per layout, summed as draw counts times values: one draw's numbers.
+
+    Against each resample gathered and added up on its own: the same to the
+    last bit for whole numbers (accuracy), and to the rounding of the
+    additions' order for summed losses.
+    """
     a = [noisy(40, 0.6, 0.5, 1), noisy(30, 0.5, 0.7, 2)]
     b = [noisy(40, 0.4, 0.6, 3), noisy(30, 0.5, 0.6, 4)]
     strata = torch.tensor([0] * 40 + [1] * 30)
@@ -100,7 +105,12 @@ def test_the_shared_resamples_give_the_intervals_of_one_draw_per_pair_to_the_las
         tail = (1 - 0.95) / 2  # as paired_difference computes it (0.025000000000000022)
         low, high = torch.quantile(diffs, torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
         shared = paired_difference(a, b, statistic, resamples=500, seed=7)
-        assert (shared.low, shared.high) == (low, high)  # exactly, not approximately
+        if statistic == "accuracy":
+            assert (shared.low, shared.high) == (low, high)  # exactly, not approximately
+        else:  # the same sums added in another order: equal to 1e-12, the resampling's own spread being ~1e-1
+            assert shared.low == pytest.approx(low, rel=1e-12, abs=0) and shared.high == pytest.approx(high, rel=1e-12,
+                                                                                                       abs=0)
+            assert shared.high - shared.low > 1e-3
         assert paired_difference(a, b, statistic, resamples=500, seed=8) != shared  # another seed, another draw
 
 
