@@ -104,12 +104,14 @@ def test_compress_stops_at_its_budget_and_keeps_what_it_measured(isolated_cache,
 def test_compress_profiles_one_more_run_apart_from_the_timed_ones(isolated_cache, tmp_path):
     script = load("bench/gpu_compress.py", "bench_gpu_compress")
     out = tmp_path / "c.json"
+    # one stage under the profiler (the recovery: its few thousand operations sort out in well under a second)
     assert script.main(["--runs", "smoke:float32", "--device", "cpu", "--profile", "smoke:float32",
-                        "--json", str(out)]) == 0
+                        "--profile-stage", "recover", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert len(result["runs"]) == 1 and result["profile"]["complete"]  # the profiled run is not a timed row
+    assert result["profile"]["stage"] == "recover" and result["profile"]["profiled"]
     text = (tmp_path / result["profile"]["file"]).read_text()
-    assert "under torch.profiler" in text and "aten::mm" in text
+    assert "its recover stage under torch.profiler" in text and "aten::mm" in text
 
 
 @pytest.mark.gpu
