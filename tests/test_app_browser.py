@@ -229,7 +229,8 @@ def test_browser_start_inspect_chat(app):
                 expect(page.locator(side)).to_contain_text("Amy has 12 apples", timeout=60_000)
             sizes = page.locator("#chat-sizes").inner_text()
             assert "parameters" in sizes and "the run's fine-tuned dense model" in sizes
-            page.wait_for_timeout(1500)  # let the streamed replies settle for the screenshot
+            # the box empties once both replies have streamed (the send's .then), so the screenshot shows them whole
+            expect(page.locator("#chat-input textarea")).to_have_value("", timeout=60_000)
             page.screenshot(path=str(ARTIFACTS / "chat.png"), full_page=True)
             page.locator("#chat-prompts-run").click()  # examples/prompts.jsonl through both models, marked
             prompts_status = page.locator("#chat-prompts-status")
