@@ -277,8 +277,8 @@ def main(argv: list[str] | None = None, now: Callable[[], float] = time.monotoni
                                                              "and write its costliest operations (default: none)")
     p.add_argument("--profile-stage", default="compress",
                    choices=["finetune", "compress", "recover", "evaluate", "save", "all"],
-                   help="the stage of that run the profiler records, its first time if it comes twice (default: compress, the conversion and the "
-                        "rounds; all: the whole run)")
+                   help="the stage of that run the profiler records, its first time if it comes twice "
+                        "(default: compress, the conversion and the rounds; all: the whole run)")
     args = p.parse_args(argv)
     runs = parse_runs(args.runs)
     profiled = parse_runs(args.profile)[0] if args.profile else None

@@ -290,11 +290,11 @@ def bench_bootstrap(repeats: int, sweep_name: str = "study", problem_counts: tup
                                                          for _ in range(calls)],
                                   "counted": lambda i: [counted_sums(values, strata, resamples, 0)
                                                         for _ in range(calls)]}, repeats)
-            gathered, counted = _sums_before(values, strata, resamples, 0), counted_sums(values, strata, resamples, 0)
+            before, counted = _sums_before(values, strata, resamples, 0), counted_sums(values, strata, resamples, 0)
             rows.append({"problems": problems, "values": kind, "calls": calls,
                          "ms_per_call": {n: 1000 * timings.median(n) / calls for n in timings.seconds},
                          "timings": timings.to_dict(), "speed_up": timings.median("before") / timings.median("counted"),
-                         "largest_relative_difference": float(((gathered - counted).abs() / gathered.abs()).max())})
+                         "largest_relative_difference": float(((before - counted).abs() / before.abs()).max())})
     sweep_folder = Path(__file__).resolve().parents[1] / "data" / "sweeps" / sweep_name
     saved = json.loads((sweep_folder / "sweep.json").read_text())
     with tempfile.TemporaryDirectory() as scratch:

@@ -103,7 +103,7 @@ def test_speed_bench_svd_section_times_every_layer_shape_and_thin_svd_is_exact(t
     assert "every layer, float64:" in capsys.readouterr().out
 
 
-def test_speed_bench_bootstrap_section_counts_the_sums_it_gathered_and_leaves_the_shipped_sweep_alone(tmp_path, capsys):
+def test_speed_bench_bootstrap_section_times_both_sums_and_leaves_the_shipped_sweep_alone(tmp_path, capsys):
     speed = load("speed")
     out = tmp_path / "speed.json"
     shipped = ROOT / "data" / "sweeps" / "study-quick-equal-training" / "stats.json"

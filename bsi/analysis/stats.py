@@ -158,9 +158,9 @@ def _resample_sums(values: torch.Tensor, strata: tuple[int, ...], count: int, se
     than by gathering each resample's values and adding them up. For whole
     numbers (right or wrong, token counts) the two are the same to the last
     bit; for summed losses they differ only in the order of the additions
-    (at most 5e-16 of a sum), and the product is 10x faster at 500 problems
-    and 20x at 2,000 (4,000 resamples on one thread: 6.5 -> 0.6 ms and
-    53.8 -> 2.6 ms; the shipped study's statistics 7.2 -> 1.2 s;
+    (at most 5e-16 of a sum), and the product is 15x faster at 500 problems
+    and 21x at 2,000 (4,000 resamples on one thread: 13.2 -> 0.9 ms and
+    55.4 -> 2.6 ms; the shipped study's statistics 7.3 -> 1.1 s;
     ``python bench/speed.py --sections bootstrap``,
     ``data/speed/bootstrap-2026-12-02-intel-xeon-1t.json``).
     """
