@@ -62,8 +62,18 @@ def main(argv=None) -> None:
                         max_file_size=MAX_UPLOAD_BYTES, quiet=True, prevent_thread_lock=True)
     # a service manager's stop (SIGTERM) ends it as Ctrl-C does: the server closes and, as Python exits, the
     # app's temporary files go (bsi.app.layout.build_app); set before the address is printed, which is when a
-    # caller may start to stop it
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # caller may start to stop it. The first stop also turns both signals off, so that a second one (Ctrl-C
+    # pressed twice, a stop script that sends two) cannot break into the close with a traceback; Ctrl-C keeps
+    # its own handler only where it has one (it is ignored in a job started in the background)
+    def stop(signum, frame):
+        for number in stopping:
+            signal.signal(number, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    stopping = [signal.SIGTERM] + ([signal.SIGINT] if signal.getsignal(signal.SIGINT) is signal.default_int_handler
+                                   else [])
+    for number in stopping:
+        signal.signal(number, stop)
     try:
         print("\n".join(startup_lines(demo.local_url, demo.share_url)), flush=True)
         while demo.is_running:  # until Ctrl-C, which may also land in the print above
