@@ -131,21 +131,20 @@ def stratified_resamples(strata: torch.Tensor, count: int, generator: torch.Gene
     return rows
 
 
-@functools.lru_cache(maxsize=4)
 def _seeded_resamples(strata: tuple[int, ...], count: int, seed: int) -> torch.Tensor:
-    """:func:`stratified_resamples` from a fresh generator seeded with ``seed``, computed once per layout.
-
-    Every interval of a table draws from the same seed over the same seeds'
-    problems, so all of them share one (count, N) resample matrix: drawing it
-    again for each pair of models gave the same numbers at many times the
-    cost. The matrix is only read (indexed), never written.
-    """
+    """(count, N) int64: :func:`stratified_resamples` from a fresh generator seeded with ``seed``."""
     return stratified_resamples(torch.tensor(strata, dtype=torch.long), count, torch.Generator().manual_seed(seed))
 
 
 @functools.lru_cache(maxsize=4)
 def _seeded_counts(strata: tuple[int, ...], count: int, seed: int) -> torch.Tensor:
-    """(count, N) float64: how many times each position is drawn in each resample of :func:`_seeded_resamples`."""
+    """(count, N) float64: how many times each position is drawn in each resample of :func:`_seeded_resamples`.
+
+    Computed once per layout: every interval of a table draws from the same
+    seed over the same seeds' problems, so all of them share one matrix
+    (drawing it again for each pair of models gave the same numbers at many
+    times the cost). It is only read, never written.
+    """
     picks = _seeded_resamples(strata, count, seed)  # (R, N)
     return torch.zeros(picks.shape, dtype=torch.float64).scatter_add_(1, picks, torch.ones(picks.shape,
                                                                                           dtype=torch.float64))
