@@ -44,7 +44,7 @@ PARTS = (
     ("pruning stage", "Pipeline.compress", None, None),
     ("calibration and conversion", "Compressor.convert", None, "pruning stage"),
     ("input statistics (X^T X)", "InputStatistics._hook.<locals>.hook", None, "calibration and conversion"),
-    ("factorisation (Cholesky, SVD)", "layer_bases_whitened_by.<locals>.bases", None, "calibration and conversion"),
+    ("factorisation (Cholesky, SVD)", "whitened_bases_by.<locals>.bases", None, "calibration and conversion"),
     ("tuning steps", "Compressor._train_step", None, "pruning stage"),
     ("curvature profiling steps", "Compressor._profile_step", None, "pruning stage"),
     ("closing rounds (scores, cut, monitor loss)", "Compressor._close_round", None, "pruning stage"),

@@ -35,6 +35,16 @@ much on the batches it timed:
   transpose; the seconds a whole conversion spends in them (times the
   layers of that shape), and the largest singular-value difference and
   reconstruction error of thin_svd.
+* ``whitening``: the Cholesky factors of a whitened conversion
+  (bsi.method.bases), from the input covariances of ``--calibration-batches``
+  task batches. The baseline is the code until 2026-12-02: one factor per
+  layer, ``0.5 (C + C^T)`` added through the strided transpose and the
+  damping added as a matrix; today's: the same numbers from a contiguous
+  transpose and a diagonal, one factor per distinct input (the query, key
+  and value projections share one, the gate and up projections one). Timed
+  for the factors alone (also today's formula once per layer, to part the
+  two changes) and for the whole conversion's bases, SVDs included. Quality:
+  whether every factor and basis is the same to the bit.
 * ``bootstrap``: the sums behind every paired bootstrap interval
   (bsi.analysis.stats), 4,000 resamples of two seeds' problems. The
   baseline is the code until 2026-12-02: whole numbers (right-or-wrong
@@ -65,7 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # this checkout's bsi first
 from common import interleave, machine
 
-SECTIONS = ("train", "evaluate", "svd", "bootstrap")
+SECTIONS = ("train", "evaluate", "svd", "whitening", "bootstrap")
 
 
 def autocast(on: bool):
@@ -260,6 +270,64 @@ def bench_svd(model, repeats: int) -> dict:
     return {"rows": rows, "conversion_s": totals}
 
 
+def _whitening_factor_before(covariance: torch.Tensor, damping: float) -> torch.Tensor:
+    """The baseline, bsi.method.bases.whitening_factor until 2026-12-02: (in, in) lower, float64."""
+    c = covariance.detach().double()
+    c = 0.5 * (c + c.T)
+    scale = float(c.diagonal().mean()) if c.numel() else 1.0
+    scale = scale if scale > 0 else 1.0
+    eye = torch.eye(c.shape[0], dtype=c.dtype, device=c.device)
+    jitter = max(damping, 1e-10)
+    for _ in range(8):
+        factor, info = torch.linalg.cholesky_ex(c + jitter * scale * eye)
+        if int(info) == 0:
+            return factor
+        jitter *= 10
+    raise RuntimeError("not positive definite even with the largest damping")
+
+
+def bench_whitening(model, task, tokenizer, config, repeats: int, calibration_batches: int) -> dict:
+    """A whitened conversion's factors and bases: one factor per layer as until 2026-12-02, against one per input."""
+    from bsi.data import BatchStream
+    from bsi.method.bases import whitened_bases, whitened_bases_by, whitening_factor
+    from bsi.pipeline.baselines import input_statistics
+
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")}
+    stream = BatchStream(task.train, tokenizer, batch_size=config.batch_size, max_length=config.max_length,
+                         seed=config.seed)
+    gathering = input_statistics(model, linears, stream, calibration_batches, covariance=True)
+    while True:  # the calibration passes' step reports are not needed here
+        try:
+            next(gathering)
+        except StopIteration as done:
+            covariance = done.value.covariance()  # name -> (in, in), one tensor per distinct input
+            break
+    damping = config.compress.whitening_damping
+    inputs = list({id(c): c for c in covariance.values()}.values())  # each distinct input's covariance once
+
+    def bases_before(i: int) -> dict:
+        return {n: whitened_bases(m.weight, covariance[n], damping, factor=_whitening_factor_before(covariance[n], damping))
+                for n, m in linears.items()}
+
+    def bases_today(i: int) -> dict:
+        bases = whitened_bases_by(covariance, damping)
+        return {n: bases(n, m) for n, m in linears.items()}
+
+    factors = interleave({"before": lambda i: [_whitening_factor_before(covariance[n], damping) for n in linears],
+                          "today's formula, one per layer": lambda i: [whitening_factor(covariance[n], damping)
+                                                                       for n in linears],
+                          "today": lambda i: [whitening_factor(c, damping) for c in inputs]}, repeats)
+    conversion = interleave({"before": bases_before, "today": bases_today}, repeats)
+    before, today = bases_before(0), bases_today(0)
+    return {"layers": len(linears), "distinct_inputs": len(inputs), "calibration_batches": calibration_batches,
+            "factors": {"timings": factors.to_dict(), "speed_up": factors.median("before") / factors.median("today")},
+            "conversion": {"timings": conversion.to_dict(),
+                           "speed_up": conversion.median("before") / conversion.median("today")},
+            "factors_identical": all(torch.equal(_whitening_factor_before(covariance[n], damping),
+                                                 whitening_factor(covariance[n], damping)) for n in linears),
+            "bases_identical": all(torch.equal(a, b) for n in linears for a, b in zip(before[n], today[n]))}
+
+
 @functools.lru_cache(maxsize=4)
 def _resamples_kept(strata: tuple[int, ...], count: int, seed: int) -> torch.Tensor:
     """The baseline's (count, N) resample matrix, drawn once per layout as bsi.analysis.stats kept it then."""
@@ -361,6 +429,15 @@ def table(result: dict) -> str:
                          f"reconstruction {r['reconstruction_error']:.1e}")
         for dtype, seconds in sv["conversion_s"].items():
             lines.append(f"  every layer, {dtype}: {seconds['torch.linalg.svd']:.2f} s -> {seconds['thin_svd']:.2f} s")
+    if "whitening" in result:
+        wh = result["whitening"]
+        lines += ["", f"a whitened conversion's factors: {wh['layers']} layers, {wh['distinct_inputs']} distinct inputs, "
+                      f"{wh['calibration_batches']} calibration batches (ms, median):"]
+        for part in ("factors", "conversion"):
+            t = {n: v["median_s"] for n, v in wh[part]["timings"].items()}
+            lines.append(f"  {'the factors alone' if part == 'factors' else 'the whole bases, SVDs included':<32}"
+                         + "  ".join(f"{n} {1000 * v:.1f}" for n, v in t.items()) + f"  {wh[part]['speed_up']:.2f}x")
+        lines.append(f"  the same to the bit: factors {wh['factors_identical']}, bases {wh['bases_identical']}")
     if "bootstrap" in result:
         bs = result["bootstrap"]
         lines += ["", f"bootstrap sums, {bs['resamples']:,} resamples (ms per call, median):"]
@@ -391,12 +468,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bootstrap-sweep", default="study", help="the shipped sweep (data/sweeps/) whose "
                         "statistics the bootstrap section writes again (default: study)")
     parser.add_argument("--bootstrap-problems", type=int, nargs="+", default=[100, 500, 2000])
+    parser.add_argument("--calibration-batches", type=int, default=4, help="task batches whose inputs set the "
+                        "whitening section's covariances (default: 4)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     config = make_config(args.preset, {"model": args.model} if args.model else {})
     result: dict = {"model": config.model, "date": time.strftime("%Y-%m-%d"), "machine": machine(),
                     "repeats": args.repeats}
-    if {"train", "evaluate", "svd"} & set(args.sections):
+    if {"train", "evaluate", "svd", "whitening"} & set(args.sections):
         task = load_task(config.data, question_field=config.question_field, answer_field=config.answer_field,
                          test_size=config.test_size, train_size=config.train_size, seed=config.seed)
         model, tokenizer = load_model_and_tokenizer(config.model, dtype=torch.float32)
@@ -408,6 +487,8 @@ def main(argv: list[str] | None = None) -> None:
                                             args.eval_batch_sizes)
     if "svd" in args.sections:
         result["svd"] = bench_svd(model, args.repeats)
+    if "whitening" in args.sections:
+        result["whitening"] = bench_whitening(model, task, tokenizer, config, args.repeats, args.calibration_batches)
     if "bootstrap" in args.sections:
         result["bootstrap"] = bench_bootstrap(args.repeats, args.bootstrap_sweep, tuple(args.bootstrap_problems))
     print(table(result))

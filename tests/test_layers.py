@@ -2,7 +2,8 @@ import pytest
 import torch
 from torch import nn
 
-from bsi.method.bases import svd_bases, thin_svd
+from bsi.method import bases as bases_module
+from bsi.method.bases import svd_bases, thin_svd, whitened_bases, whitened_bases_by, whitening_factor
 from bsi.method.layers import BasisLinear, LowRankLinear
 
 
@@ -124,3 +125,46 @@ def test_thin_svd_on_the_cpu_is_torch_svd_of_the_tall_way_round():
         signs = torch.sign((u * u_direct).sum(0))  # (12,)
         assert torch.allclose(u, u_direct * signs, atol=tolerance * 1e3)
         assert torch.allclose(vh, vh_direct * signs[:, None], atol=tolerance * 1e3)
+
+
+def _moment(n: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A second moment ``X^T X / N`` (n, n) of inputs with unequal channel scales, made slightly asymmetric."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(64, n, generator=g) * torch.rand(n, generator=g) * 3  # (N, n)
+    c = (x.T @ x / 64).to(dtype)  # (n, n)
+    c[0, 1] += 1e-3  # round-off leaves a gathered moment a little asymmetric; the factor must not care
+    return c
+
+
+def test_whitening_factor_is_the_cholesky_factor_of_the_damped_symmetric_part_to_the_bit():
+    for dtype in (torch.float32, torch.float64):
+        c = _moment(24, 0, dtype)
+        kept = c.clone()
+        factor = whitening_factor(c, 1e-3)  # (24, 24) lower, float64
+        symmetric = 0.5 * (c.double() + c.double().T)
+        shift = 1e-3 * float(symmetric.diagonal().mean()) * torch.eye(24, dtype=torch.float64)  # the damping
+        assert factor.dtype == torch.float64 and torch.equal(factor, torch.linalg.cholesky(symmetric + shift))
+        assert torch.equal(c, kept)  # the caller's moment is read, never written (float64 is not copied by .double())
+        assert torch.equal(torch.tril(factor), factor) and torch.allclose(factor @ factor.T - symmetric, shift, atol=1e-12)
+    indefinite = torch.diag(torch.tensor([1.0, 1.0, -0.05]))  # (3, 3): damping 1e-3 and 1e-2 fail, 0.1 succeeds
+    factor = whitening_factor(indefinite, 1e-3)
+    scale = float(indefinite.double().diagonal().mean())
+    tenfold_twice = 1e-3 * 10 * 10  # the damping grown as the function grows it (not quite 0.1 in binary)
+    assert torch.equal(factor, torch.linalg.cholesky(indefinite.double() + tenfold_twice * scale * torch.eye(3, dtype=torch.float64)))
+
+
+def test_whitened_bases_by_shares_each_inputs_factor_while_its_layers_follow_each_other(monkeypatch):
+    first, second = _moment(12, 1), _moment(12, 2)
+    covariance = {"0.q": first, "0.k": first, "0.o": second, "1.q": first}  # 1.q's input is 0.q's, but not next
+    linears = {name: nn.Linear(12, 8 if name.endswith("k") else 12) for name in covariance}
+    made = []
+    monkeypatch.setattr(bases_module, "whitening_factor",
+                        lambda c, d: made.append(c) or whitening_factor(c, d))  # the calls, then the real factor
+    bases = whitened_bases_by(covariance, 1e-3)
+    got = {name: bases(name, linear) for name, linear in linears.items()}
+    assert [c is first for c in made] == [True, False, True]  # 0.k reused 0.q's; 1.q came after another input
+    monkeypatch.undo()
+    for name, linear in linears.items():  # the very bases each layer gets alone
+        for shared, alone in zip(got[name], whitened_bases(linear.weight, covariance[name], 1e-3)):
+            assert torch.equal(shared, alone)
+

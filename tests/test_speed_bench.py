@@ -103,6 +103,24 @@ def test_speed_bench_svd_section_times_every_layer_shape_and_thin_svd_is_exact(t
     assert "every layer, float64:" in capsys.readouterr().out
 
 
+def test_speed_bench_whitening_section_times_both_factorisations_and_they_agree_to_the_bit(tmp_path, capsys):
+    speed = load("speed")
+    out = tmp_path / "speed.json"
+    speed.main(["--model", "tiny-random-llama", "--preset", "smoke", "--sections", "whitening", "--repeats", "1",
+                "--calibration-batches", "2", "--json", str(out)])
+    result = json.loads(out.read_text())["whitening"]
+    from bsi.models import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer("tiny-random-llama")
+    blocks = len(model.model.layers)
+    assert result["layers"] == 7 * blocks and result["distinct_inputs"] == 4 * blocks  # q/k/v and gate/up share
+    assert result["calibration_batches"] == 2 and result["factors_identical"] and result["bases_identical"]
+    assert set(result["factors"]["timings"]) == {"before", "today's formula, one per layer", "today"}
+    assert set(result["conversion"]["timings"]) == {"before", "today"}
+    assert all(v["median_s"] > 0 for part in ("factors", "conversion") for v in result[part]["timings"].values())
+    assert "the same to the bit: factors True, bases True" in capsys.readouterr().out
+
+
 def test_speed_bench_bootstrap_section_times_both_sums_and_leaves_the_shipped_sweep_alone(tmp_path, capsys):
     speed = load("speed")
     out = tmp_path / "speed.json"

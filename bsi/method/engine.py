@@ -35,7 +35,7 @@ from torch import nn
 from bsi.config import CompressConfig
 from bsi.data.batches import batch_tokens
 from bsi.errors import BSIError
-from bsi.method.bases import InputStatistics, whitened_bases
+from bsi.method.bases import InputStatistics, whitened_bases_by
 from bsi.method.curvature import (
     Batch,
     CurvatureSource,
@@ -90,14 +90,6 @@ def slice_optimizer_state(optimizer: torch.optim.Optimizer, param: nn.Parameter,
     for key, value in list(state.items()):
         if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] != param.shape[0]:
             state[key] = value[keep.to(value.device)].contiguous()
-
-
-def layer_bases_whitened_by(covariance: Mapping[str, torch.Tensor], damping: float
-                            ) -> Callable[[str, nn.Linear], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The bases of each layer for :meth:`Compressor.convert_layers`: whitened by that layer's input covariance."""
-    def bases(name: str, linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return whitened_bases(linear.weight, covariance[name], damping)
-    return bases
 
 
 @overload
@@ -345,7 +337,7 @@ class Compressor:
                     loss = float(self.loss_fn(self.model, batch))
                     yield StepReport("calibrate", step, cfg.calibration_batches, loss, self._elapsed())
             stats.reduce(self.reduce)
-            bases = layer_bases_whitened_by(stats.covariance(), cfg.whitening_damping)
+            bases = whitened_bases_by(stats.covariance(), cfg.whitening_damping)
         self._adopt(self.convert_layers(self.model, aux_rank=cfg.aux_rank, seed=self.seed, bases=bases))
 
     def _adopt(self, layers: dict[str, BasisLinear]) -> None:

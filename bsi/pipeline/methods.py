@@ -49,7 +49,7 @@ from torch import nn
 from bsi.config import METHOD_SPECS, BaselineConfig, CompressConfig, MethodSpec
 from bsi.data import BatchUse
 from bsi.errors import BSIError
-from bsi.method.bases import weighted_svd, whitened_bases
+from bsi.method.bases import weighted_svd, whitened_bases_by
 from bsi.method.engine import Compressor
 from bsi.method.schedule import LayerShape
 from bsi.method.surgery import Bases, compressible_linear_names, size_report, to_basis_form
@@ -238,7 +238,7 @@ def _whitened(context: MethodContext, dense: Mapping[str, nn.Linear]):
                                         cfg.calibration_batches, covariance=True)
     stats.reduce(context.dist.reduce)
     covariance = stats.covariance()
-    return lambda name, linear: whitened_bases(linear.weight, covariance[name], cfg.whitening_damping)
+    return whitened_bases_by(covariance, cfg.whitening_damping)
 
 
 def _fisher_weighted(context: MethodContext, dense: Mapping[str, nn.Linear]):
