@@ -109,8 +109,9 @@ def whitening_factor(covariance: torch.Tensor, damping: float = 1e-3) -> torch.T
         covariance: (in, in) symmetric positive semi-definite ``X^T X / N``.
     """
     c = covariance.detach().double()  # (in, in); the very tensor when it is float64 already: not written to
-    # 0.5 (C + C^T), element for element, from a contiguous C^T: adding the strided view C.T costs 6x more
-    # at 1536 x 1536 (26 -> 4.7 ms on one thread); the sum is the same either way round, to the bit
+    # 0.5 (C + C^T), element for element, from a contiguous C^T: adding the strided view C.T costs 2.7x more
+    # at 1536 x 1536 (17.6 -> 6.6 ms, medians of 20 on one thread of a 2-core AMD EPYC, 2026-12-06); the sum
+    # is the same either way round, to the bit
     symmetric = c.T.contiguous().add_(c).mul_(0.5)  # (in, in)
     scale = float(symmetric.diagonal().mean()) if symmetric.numel() else 1.0
     scale = scale if scale > 0 else 1.0
@@ -170,6 +171,13 @@ def whitened_bases_by(covariance: Mapping[str, torch.Tensor], damping: float = 1
     modules' order. Only the last factor is held (a 7B model's ``down_proj``
     factor alone is 11008 x 11008 in float64, 0.97 GB), so layers asked for
     in another order get their factors made again, with the same bases.
+    The sharing saves little on the embedded model: its 120 factors take
+    4.50 s against 4.54 s for all 210 (one thread), since the 30 unshared
+    ``down_proj`` factors (1536 x 1536) are most of the work; the formula of
+    :func:`whitening_factor` took them from 5.9 s to 4.5 s, and the whole
+    conversion's bases, SVDs included, went from 37.2 s to 35.4 s, inside
+    the repeats' spread (``python bench/speed.py --sections whitening``,
+    ``data/speed/whitening-2026-12-06-amd-epyc-1t.json``, medians of 3).
 
     Args:
         covariance: layer name -> (in, in) second moment of its inputs.
