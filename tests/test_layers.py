@@ -167,4 +167,3 @@ def test_whitened_bases_by_shares_each_inputs_factor_while_its_layers_follow_eac
     for name, linear in linears.items():  # the very bases each layer gets alone
         for shared, alone in zip(got[name], whitened_bases(linear.weight, covariance[name], 1e-3)):
             assert torch.equal(shared, alone)
-
