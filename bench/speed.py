@@ -291,17 +291,13 @@ def bench_whitening(model, task, tokenizer, config, repeats: int, calibration_ba
     from bsi.data import BatchStream
     from bsi.method.bases import whitened_bases, whitened_bases_by, whitening_factor
     from bsi.pipeline.baselines import input_statistics
+    from bsi.teaching import result_of
 
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")}
     stream = BatchStream(task.train, tokenizer, batch_size=config.batch_size, max_length=config.max_length,
                          seed=config.seed)
-    gathering = input_statistics(model, linears, stream, calibration_batches, covariance=True)
-    while True:  # the calibration passes' step reports are not needed here
-        try:
-            next(gathering)
-        except StopIteration as done:
-            covariance = done.value.covariance()  # name -> (in, in), one tensor per distinct input
-            break
+    stats = result_of(input_statistics(model, linears, stream, calibration_batches, covariance=True))
+    covariance = stats.covariance()  # name -> (in, in), one tensor per distinct input
     damping = config.compress.whitening_damping
     inputs = list({id(c): c for c in covariance.values()}.values())  # each distinct input's covariance once
 
