@@ -110,7 +110,7 @@ def whitening_factor(covariance: torch.Tensor, damping: float = 1e-3) -> torch.T
     """
     c = covariance.detach().double()  # (in, in); the very tensor when it is float64 already: not written to
     # 0.5 (C + C^T), element for element, from a contiguous C^T: adding the strided view C.T costs 2.7x more
-    # at 1536 x 1536 (17.6 -> 6.6 ms, medians of 20 on one thread of a 2-core AMD EPYC, 2026-12-06); the sum
+    # at 1536 x 1536 (17.6 -> 6.6 ms, medians of 20, one thread; data/speed/suite-tries-2026-12-06-amd-epyc.json); the sum
     # is the same either way round, to the bit
     symmetric = c.T.contiguous().add_(c).mul_(0.5)  # (in, in)
     scale = float(symmetric.diagonal().mean()) if symmetric.numel() else 1.0
